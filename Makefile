@@ -1,0 +1,17 @@
+# The two commands of the README:
+#   make serve   set everything up and serve model_repository/ on port 8000
+#   make test    set everything up and run every test
+.PHONY: setup serve test
+
+export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
+HTTP_PORT ?= 8000
+
+setup:
+	scripts/setup.sh
+
+serve: setup
+	target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
+
+test: setup
+	cargo test --release --workspace --all-features
+	.venv/bin/python -m pytest -q tests/python

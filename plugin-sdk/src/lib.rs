@@ -1,0 +1,202 @@
+//! Write Plinth pre/post-processing plugins in Rust.
+//!
+//! A plugin is a WASI 0.2 component that ships in a model's folder and turns
+//! raw requests into input tensors (`preprocess`) and output tensors into an
+//! answer (`postprocess`). Implement [`Plugin`] and register it with
+//! [`export_plugin!`]; build with `cargo build --release --target wasm32-wasip2`.
+//!
+//! ```ignore
+//! use plinth_plugin_sdk::{export_plugin, Error, ModelInfo, Plugin, Request, Tensor};
+//!
+//! struct Echo;
+//! impl Plugin for Echo {
+//!     fn init(_info: &ModelInfo) -> Result<Self, Error> { Ok(Echo) }
+//!     fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error> {
+//!         Ok(vec![Tensor::from_bytes_elements("INPUT", &[req.body.as_slice()])])
+//!     }
+//! }
+//! export_plugin!(Echo);
+//! ```
+//!
+//! The plugin contract is `plinth:plugin@0.1.0` (`wit/v0.1/plugin.wit`); this
+//! crate hides the binding generator so a plugin depends on this crate alone.
+
+// Lets the generated code name this crate by its public path, which is the
+// one that also works from the plugin crates that expand `export_plugin!`.
+extern crate self as plinth_plugin_sdk;
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit/v0.1",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_plugin_world",
+        default_bindings_module: "::plinth_plugin_sdk::__private::bindings",
+        runtime_path: "::plinth_plugin_sdk::__private::wit_bindgen::rt",
+    });
+}
+
+#[cfg(feature = "image")]
+pub mod imaging;
+mod tensor;
+
+pub use bindings::plinth::plugin::types::{
+    Datatype, Error, ModelInfo, Request, Response, Tensor, TensorSpec,
+};
+pub use tensor::Element;
+
+/// What a plugin implements. One value of the implementing type lives in each
+/// plugin instance; the host keeps warm instances and calls them one request
+/// at a time.
+pub trait Plugin: Sized + 'static {
+    /// Builds the plugin's state from the model it serves (signature,
+    /// `config.pbtxt` parameters, model-file metadata). Called once per
+    /// instance, before any other method.
+    ///
+    /// # Errors
+    /// An [`Error`] here fails the model's load with its message.
+    fn init(info: &ModelInfo) -> Result<Self, Error>;
+
+    /// Turns a raw request body into the model's input tensors, with the
+    /// batch dimension when the model batches.
+    ///
+    /// # Errors
+    /// [`Error::BadInput`] for a body the plugin cannot read (HTTP 400).
+    /// The default refuses every request: a plugin that only postprocesses
+    /// is used through `/infer`-style tensors.
+    fn preprocess(&mut self, _req: &Request) -> Result<Vec<Tensor>, Error> {
+        Err(Error::BadInput(
+            "this model's plugin does not preprocess raw requests".into(),
+        ))
+    }
+
+    /// Turns the model's output tensors into the answer.
+    ///
+    /// The default returns the outputs as KServe v2 JSON output tensors
+    /// (`{"outputs": [{"name", "datatype", "shape", "data"}]}`).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the outputs are not what the plugin expects.
+    fn postprocess(&mut self, _req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
+        let outputs: Result<Vec<_>, Error> = outputs.iter().map(Tensor::to_json).collect();
+        Ok(Response::json(&serde_json::json!({ "outputs": outputs? })))
+    }
+}
+
+impl Error {
+    /// A request the plugin cannot process: HTTP 400.
+    pub fn bad_input(msg: impl Into<String>) -> Self {
+        Error::BadInput(msg.into())
+    }
+
+    /// A failure of the plugin or model, not the client's fault: HTTP 500.
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Error::Internal(msg.into())
+    }
+}
+
+impl Request {
+    /// The value of the query parameter `key`, if the client sent one.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        lookup(&self.parameters, key)
+    }
+}
+
+impl Response {
+    /// A JSON response (`application/json`).
+    pub fn json(value: &serde_json::Value) -> Self {
+        Response {
+            content_type: "application/json".into(),
+            body: serde_json::to_vec(value).expect("a JSON value always serialises"),
+        }
+    }
+}
+
+impl ModelInfo {
+    /// The `config.pbtxt` parameter `key` (its `string_value`).
+    pub fn parameter(&self, key: &str) -> Option<&str> {
+        lookup(&self.parameters, key)
+    }
+
+    /// The model-file metadata entry `key` (ONNX `metadata_props`).
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        lookup(&self.metadata, key)
+    }
+
+    /// The model's first declared input.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the model declares no input.
+    pub fn first_input(&self) -> Result<&TensorSpec, Error> {
+        self.inputs.first().ok_or_else(|| Error::internal("the model declares no input"))
+    }
+
+    /// The model's first declared output.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the model declares no output.
+    pub fn first_output(&self) -> Result<&TensorSpec, Error> {
+        self.outputs.first().ok_or_else(|| Error::internal("the model declares no output"))
+    }
+}
+
+fn lookup<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// Registers `$ty` (an implementation of [`Plugin`]) as the component's
+/// exports. Use it once per plugin crate.
+#[macro_export]
+macro_rules! export_plugin {
+    ($ty:ty) => {
+        const _: () = {
+            ::std::thread_local! {
+                static STATE: ::std::cell::RefCell<::std::option::Option<$ty>> =
+                    const { ::std::cell::RefCell::new(::std::option::Option::None) };
+            }
+
+            struct Export;
+
+            impl $crate::__private::Guest for Export {
+                fn init(info: $crate::ModelInfo) -> ::std::result::Result<(), $crate::Error> {
+                    let plugin = <$ty as $crate::Plugin>::init(&info)?;
+                    STATE.with(|s| *s.borrow_mut() = ::std::option::Option::Some(plugin));
+                    ::std::result::Result::Ok(())
+                }
+
+                fn preprocess(
+                    req: $crate::Request,
+                ) -> ::std::result::Result<::std::vec::Vec<$crate::Tensor>, $crate::Error> {
+                    STATE.with(|s| match s.borrow_mut().as_mut() {
+                        ::std::option::Option::Some(p) => $crate::Plugin::preprocess(p, &req),
+                        ::std::option::Option::None => ::std::result::Result::Err($crate::__private::not_initialised()),
+                    })
+                }
+
+                fn postprocess(
+                    req: $crate::Request,
+                    outputs: ::std::vec::Vec<$crate::Tensor>,
+                ) -> ::std::result::Result<$crate::Response, $crate::Error> {
+                    STATE.with(|s| match s.borrow_mut().as_mut() {
+                        ::std::option::Option::Some(p) => $crate::Plugin::postprocess(p, &req, outputs),
+                        ::std::option::Option::None => ::std::result::Result::Err($crate::__private::not_initialised()),
+                    })
+                }
+            }
+
+            $crate::__private::bindings::__export_plugin_world!(Export with_types_in $crate::__private::bindings);
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::bindings;
+    pub use crate::bindings::exports::plinth::plugin::handler::Guest;
+    pub use wit_bindgen;
+
+    pub fn not_initialised() -> crate::Error {
+        crate::Error::internal("the host called the plugin before init")
+    }
+}

@@ -1,0 +1,236 @@
+//! ONNX Runtime through `ort`, with the library loaded at start from
+//! `ORT_DYLIB_PATH` (the `onnxruntime==1.31.1` wheel's `libonnxruntime.so`).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use ort::environment::Environment;
+use ort::memory::Allocator;
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+
+use super::{Backend, ModelIo};
+use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
+
+/// The loaded ONNX Runtime library; creates sessions.
+pub struct OnnxRuntime {
+    env: Environment,
+}
+
+/// Per-model session options, from `config.pbtxt` `parameters` (the names
+/// Triton's ONNX Runtime backend uses).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionOptions {
+    /// `intra_op_thread_count`: threads inside one operator; 0 = ONNX
+    /// Runtime's default (one per core).
+    pub intra_op_threads: usize,
+    /// `inter_op_thread_count`: threads across operators; 0 = default.
+    pub inter_op_threads: usize,
+}
+
+impl OnnxRuntime {
+    /// Loads the ONNX Runtime shared library.
+    ///
+    /// # Errors
+    /// A message naming `ORT_DYLIB_PATH` when no library is given, the file
+    /// does not exist, cannot be loaded, or is older than 1.31.
+    pub fn init(dylib: Option<&Path>) -> Result<OnnxRuntime, String> {
+        const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. \
+            .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 \
+            (`make setup` installs it)";
+        let path = dylib.ok_or_else(|| format!("no ONNX Runtime library given: {HINT}"))?;
+        if !path.is_file() {
+            return Err(format!("ONNX Runtime library {} does not exist: {HINT}", path.display()));
+        }
+        let env = ort::init_from(path)
+            .map_err(|e| format!("cannot load ONNX Runtime from ORT_DYLIB_PATH={}: {e}", path.display()))?
+            .with_name("plinth")
+            .build()
+            .map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
+        Ok(OnnxRuntime { env })
+    }
+
+    /// Builds a session for the model file at `path`.
+    ///
+    /// # Errors
+    /// ONNX Runtime's message when the file is missing or not a valid model.
+    pub fn load(&self, path: &Path, options: SessionOptions) -> Result<OnnxModel, String> {
+        if !path.is_file() {
+            return Err(format!("model file {} does not exist", path.display()));
+        }
+        let fail = |e: ort::Error<_>| format!("ONNX Runtime cannot load {}: {e}", path.display());
+        let session = Session::builder(&self.env)
+            .map_err(|e| format!("cannot create an ONNX Runtime session: {e}"))?
+            .with_optimization_level(GraphOptimizationLevel::All)
+            .map_err(fail)?
+            .with_intra_threads(options.intra_op_threads)
+            .map_err(fail)?
+            .with_inter_threads(options.inter_op_threads)
+            .map_err(fail)?
+            .commit_from_file(path)
+            .map_err(|e| format!("ONNX Runtime cannot load {}: {e}", path.display()))?;
+        let io = |outlets: &[ort::value::Outlet]| outlets.iter().map(|o| model_io(o.name(), o.dtype())).collect();
+        let inputs = io(session.inputs());
+        let outputs = io(session.outputs());
+        let metadata = read_metadata(&session)?;
+        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata })
+    }
+}
+
+/// One ONNX Runtime session. Runs are serialised on it.
+pub struct OnnxModel {
+    session: Mutex<Session>,
+    inputs: Vec<ModelIo>,
+    outputs: Vec<ModelIo>,
+    metadata: Vec<(String, String)>,
+}
+
+impl Backend for OnnxModel {
+    fn platform(&self) -> &'static str {
+        "onnxruntime_onnx"
+    }
+
+    fn inputs(&self) -> &[ModelIo] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[ModelIo] {
+        &self.outputs
+    }
+
+    fn metadata(&self) -> &[(String, String)] {
+        &self.metadata
+    }
+
+    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        let values = inputs
+            .into_iter()
+            .map(|t| Ok((t.name.clone(), to_ort(&t)?)))
+            .collect::<Result<Vec<(String, DynValue)>, String>>()?;
+        let mut session = self.session.lock().map_err(|_| "the ONNX Runtime session was poisoned".to_owned())?;
+        let mut outputs = session.run(values).map_err(|e| format!("ONNX Runtime failed: {e}"))?;
+        self.outputs
+            .iter()
+            .map(|o| {
+                let value = outputs.remove(&o.name).ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))?;
+                from_ort(&o.name, value)
+            })
+            .collect()
+    }
+}
+
+fn model_io(name: &str, dtype: &ValueType) -> ModelIo {
+    match dtype {
+        ValueType::Tensor { ty, shape, .. } => ModelIo {
+            name: name.to_owned(),
+            datatype: datatype_from_ort(*ty),
+            type_name: format!("tensor({ty})"),
+            shape: shape.to_vec(),
+        },
+        other => ModelIo { name: name.to_owned(), datatype: None, type_name: other.to_string(), shape: Vec::new() },
+    }
+}
+
+fn read_metadata(session: &Session) -> Result<Vec<(String, String)>, String> {
+    let meta = session.metadata().map_err(|e| format!("cannot read model metadata: {e}"))?;
+    let keys = meta.custom_keys().map_err(|e| format!("cannot read model metadata: {e}"))?;
+    Ok(keys.into_iter().filter_map(|k| meta.custom(&k).map(|v| (k, v))).collect())
+}
+
+/// The v2 datatype of an ONNX element type; `None` for types the protocol
+/// cannot carry (complex, 4-bit, 8-bit floats).
+pub fn datatype_from_ort(ty: TensorElementType) -> Option<DataType> {
+    use TensorElementType as T;
+    Some(match ty {
+        T::Bool => DataType::Bool,
+        T::Uint8 => DataType::Uint8,
+        T::Uint16 => DataType::Uint16,
+        T::Uint32 => DataType::Uint32,
+        T::Uint64 => DataType::Uint64,
+        T::Int8 => DataType::Int8,
+        T::Int16 => DataType::Int16,
+        T::Int32 => DataType::Int32,
+        T::Int64 => DataType::Int64,
+        T::Float16 => DataType::Fp16,
+        T::Float32 => DataType::Fp32,
+        T::Float64 => DataType::Fp64,
+        T::Bfloat16 => DataType::Bf16,
+        T::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+fn ort_type(dt: DataType) -> TensorElementType {
+    use TensorElementType as T;
+    match dt {
+        DataType::Bool => T::Bool,
+        DataType::Uint8 => T::Uint8,
+        DataType::Uint16 => T::Uint16,
+        DataType::Uint32 => T::Uint32,
+        DataType::Uint64 => T::Uint64,
+        DataType::Int8 => T::Int8,
+        DataType::Int16 => T::Int16,
+        DataType::Int32 => T::Int32,
+        DataType::Int64 => T::Int64,
+        DataType::Fp16 => T::Float16,
+        DataType::Fp32 => T::Float32,
+        DataType::Fp64 => T::Float64,
+        DataType::Bf16 => T::Bfloat16,
+        DataType::Bytes => T::String,
+    }
+}
+
+/// Copies a tensor into an ONNX Runtime value.
+fn to_ort(t: &Tensor) -> Result<DynValue, String> {
+    if t.datatype == DataType::Bytes {
+        let items = bytes_elements(&t.data).ok_or_else(|| format!("tensor '{}' has malformed BYTES data", t.name))?;
+        let strings = items
+            .into_iter()
+            .map(|b| String::from_utf8(b.to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| format!("tensor '{}': ONNX Runtime strings must be UTF-8", t.name))?;
+        let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        return OrtTensor::from_string_array((shape, strings.as_slice()))
+            .map(|v| v.into_dyn())
+            .map_err(|e| format!("tensor '{}': {e}", t.name));
+    }
+    let mut value = DynTensor::new(&Allocator::default(), ort_type(t.datatype), t.shape.clone())
+        .map_err(|e| format!("tensor '{}': {e}", t.name))?;
+    if !t.data.is_empty() {
+        // SAFETY: the tensor was just allocated on the CPU with this shape and
+        // element type, so its buffer holds exactly `t.data.len()` bytes
+        // (`Tensor::check_data` ran on the request path).
+        unsafe { std::ptr::copy_nonoverlapping(t.data.as_ptr(), value.data_ptr_mut().cast::<u8>(), t.data.len()) };
+    }
+    Ok(value.into_dyn())
+}
+
+/// Copies an ONNX Runtime output into a tensor.
+fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
+    let tensor = value
+        .downcast::<DynTensorValueType>()
+        .map_err(|e| format!("output '{name}' is not a tensor: {e}"))?;
+    let ty = *tensor.data_type();
+    let datatype = datatype_from_ort(ty).ok_or_else(|| format!("output '{name}' has element type {ty}, which the v2 protocol cannot carry"))?;
+    let shape = tensor.shape().to_vec();
+    let data = if datatype == DataType::Bytes {
+        let (_, strings) = tensor.try_extract_strings().map_err(|e| format!("output '{name}': {e}"))?;
+        let mut data = Vec::new();
+        for s in &strings {
+            push_bytes_element(&mut data, s.as_bytes());
+        }
+        data
+    } else {
+        let len = ty.byte_size(crate::tensor::element_count(&shape)).unwrap_or(0);
+        let ptr = tensor.data_ptr().cast::<u8>();
+        if len == 0 || ptr.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: a CPU tensor of this shape and element type owns `len`
+            // contiguous bytes at `ptr`, alive while `tensor` is.
+            unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
+        }
+    };
+    Ok(Tensor { name: name.to_owned(), datatype, shape, data })
+}

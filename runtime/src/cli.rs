@@ -1,0 +1,142 @@
+//! The `plinth` command line. Flag names follow Triton's where Triton has
+//! the same setting (`--model-repository`, `--http-port`, `--log-verbose`,
+//! `--log-format`, `--strict-readiness`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::plugin::PluginLimits;
+use crate::server::ServeOptions;
+
+/// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
+#[derive(Debug, Parser)]
+#[command(name = "plinth", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the models of one or more model repositories over HTTP.
+    Serve(ServeArgs),
+}
+
+/// Flags of `plinth serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A model repository folder (repeat for several).
+    #[arg(long = "model-repository", required = true, value_name = "PATH")]
+    pub model_repositories: Vec<PathBuf>,
+
+    /// Address the HTTP server binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub http_address: std::net::IpAddr,
+
+    /// HTTP port (0 picks a free one; the log says which).
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+
+    /// Largest request body accepted, e.g. 64MiB (413 beyond).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    pub http_max_body_bytes: usize,
+
+    /// Report ready only when every model is READY (Triton's default).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub strict_readiness: bool,
+
+    /// The ONNX Runtime 1.31 shared library (libonnxruntime.so).
+    #[arg(long, env = "ORT_DYLIB_PATH", value_name = "PATH")]
+    pub ort_dylib_path: Option<PathBuf>,
+
+    /// Largest linear memory a plugin instance may use, e.g. 256MiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub plugin_memory_limit: usize,
+
+    /// CPU time one plugin call may take, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub plugin_timeout_ms: u64,
+
+    /// Plugin calls running at once across all models (default: one per core).
+    #[arg(long)]
+    pub plugin_concurrency: Option<usize>,
+
+    /// Folder for compiled plugins (default: $XDG_CACHE_HOME/plinth or
+    /// ~/.cache/plinth; "none" disables the cache).
+    #[arg(long, value_name = "PATH")]
+    pub plugin_cache_dir: Option<PathBuf>,
+
+    /// Verbose logging level: 0 info, 1 debug, 2 trace.
+    #[arg(long, default_value_t = 0)]
+    pub log_verbose: u8,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Default)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format` values: Triton's `default` and `ISO8601` (both print an
+/// ISO 8601 timestamp here), and `json` lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Default,
+    #[value(name = "ISO8601", alias = "iso8601")]
+    Iso8601,
+    Json,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let size: bytesize::ByteSize = s.parse().map_err(|e| format!("'{s}' is not a size such as 256MiB: {e}"))?;
+    usize::try_from(size.as_u64()).map_err(|_| format!("'{s}' is too large"))
+}
+
+impl ServeArgs {
+    /// The server options these flags describe.
+    pub fn options(&self) -> ServeOptions {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        ServeOptions {
+            model_repositories: self.model_repositories.clone(),
+            http_address: self.http_address,
+            http_port: self.http_port,
+            http_max_body_bytes: self.http_max_body_bytes,
+            strict_readiness: self.strict_readiness,
+            ort_dylib_path: self.ort_dylib_path.clone(),
+            plugin_limits: PluginLimits {
+                memory_bytes: self.plugin_memory_limit,
+                call_timeout: Duration::from_millis(self.plugin_timeout_ms),
+                concurrency: self.plugin_concurrency.unwrap_or(cores),
+            },
+            plugin_cache_dir: match &self.plugin_cache_dir {
+                Some(p) if p.as_os_str() == "none" => None,
+                Some(p) => Some(p.clone()),
+                None => default_cache_dir(),
+            },
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("plinth").join("plugins"))
+}
+
+/// Sets up logging as `--log-verbose` and `--log-format` ask; `RUST_LOG`,
+/// when set, overrides the level.
+pub fn init_logging(verbose: u8, format: LogFormat) {
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,plinth={level}")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Default | LogFormat::Iso8601 => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

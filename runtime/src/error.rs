@@ -1,0 +1,23 @@
+//! The error type of the request path. Each variant is one of the protocol's
+//! error classes; the HTTP layer maps them to status codes.
+
+/// Why a request failed. The message is shown to the client as is, so it
+/// names what was wrong and what was expected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    /// The request itself is wrong (HTTP 400).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such model, version or route (HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The model exists but cannot serve now (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request asks for something Plinth does not do (HTTP 501).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A failure on the server's side (HTTP 500).
+    #[error("{0}")]
+    Internal(String),
+}

@@ -1,0 +1,20 @@
+//! Plinth: a model-serving runtime that speaks the KServe v2 / Open
+//! Inference Protocol over a Triton-style model repository, runs models
+//! natively (ONNX Runtime) and runs every model-specific step in a
+//! WebAssembly sandbox.
+//!
+//! Request path: `server` (HTTP) → `registry` (model + version) →
+//! `model` (plugin preprocess → checks → `backend` → plugin postprocess).
+//! `lifecycle` loads the `repository` into the `registry`.
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod lifecycle;
+pub mod model;
+pub mod plugin;
+pub mod registry;
+pub mod repository;
+pub mod server;
+pub mod tensor;

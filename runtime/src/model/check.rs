@@ -1,0 +1,197 @@
+//! Checks that keep bad tensors away from the backend: the configuration
+//! against the model file at load, and each request against the signature.
+
+use crate::backend::ModelIo;
+use crate::config::{CONFIG_FILE, Signature};
+use crate::error::Error;
+use crate::tensor::{Tensor, TensorSpec};
+
+/// Checks the configuration's inputs and outputs against the model file's:
+/// every configured tensor exists with the same datatype and rank, fixed
+/// dimensions agree, and a batching model really has a variable first
+/// dimension. Tensors the configuration leaves out are added from the model
+/// file (Triton's auto-complete).
+///
+/// # Errors
+/// A message naming the tensor and both values.
+pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[ModelIo]) -> Result<(), String> {
+    let batch = sig.max_batch_size > 0;
+    for (declared, actual, kind) in [(&mut sig.inputs, inputs, "input"), (&mut sig.outputs, outputs, "output")] {
+        if declared.is_empty() {
+            *declared = actual.iter().map(|io| spec_from_model(io, batch, kind)).collect::<Result<_, _>>()?;
+            continue;
+        }
+        for spec in declared.iter() {
+            let io = actual.iter().find(|io| io.name == spec.name).ok_or_else(|| {
+                let names: Vec<_> = actual.iter().map(|io| io.name.as_str()).collect();
+                format!("{CONFIG_FILE} declares {kind} '{}', but the model's {kind}s are {names:?}", spec.name)
+            })?;
+            check_tensor(spec, io, batch, kind)?;
+        }
+    }
+    Ok(())
+}
+
+fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, String> {
+    let datatype = io
+        .datatype
+        .ok_or_else(|| format!("model {kind} '{}' has type {}, which the v2 protocol cannot carry", io.name, io.type_name))?;
+    let dims = if batch { io.shape.get(1..).unwrap_or_default().to_vec() } else { io.shape.clone() };
+    Ok(TensorSpec { name: io.name.clone(), datatype, dims })
+}
+
+fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Result<(), String> {
+    let name = &spec.name;
+    if io.datatype != Some(spec.datatype) {
+        return Err(format!(
+            "{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model has {}",
+            spec.datatype, io.type_name
+        ));
+    }
+    let model_dims = if batch {
+        match io.shape.first() {
+            Some(-1) => &io.shape[1..],
+            Some(&d) => {
+                return Err(format!(
+                    "{kind} '{name}': max_batch_size > 0 needs a variable first (batch) dimension, but the model's shape is {:?} (first dimension {d})",
+                    io.shape
+                ));
+            }
+            None => return Err(format!("{kind} '{name}': max_batch_size > 0, but the model's {kind} is a scalar")),
+        }
+    } else {
+        &io.shape[..]
+    };
+    if model_dims.len() != spec.dims.len() {
+        return Err(format!(
+            "{kind} '{name}': {CONFIG_FILE} dims {:?} have rank {}, but the model's shape {:?} has rank {}{}",
+            spec.dims,
+            spec.dims.len(),
+            io.shape,
+            model_dims.len(),
+            if batch { " without its batch dimension" } else { "" }
+        ));
+    }
+    for (i, (&want, &have)) in spec.dims.iter().zip(model_dims).enumerate() {
+        if have >= 0 && want != have {
+            return Err(format!(
+                "{kind} '{name}': dimension {i} is {want} in {CONFIG_FILE} but {have} in the model (config dims {:?}, model shape {:?})",
+                spec.dims, io.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks request inputs against the signature: each declared input is
+/// present exactly once, with the declared datatype, rank and fixed
+/// dimensions, a batch size of 1 to `max_batch_size`, and data that fills
+/// the shape.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the tensor, what was expected and what
+/// was received.
+pub fn check_inputs(sig: &Signature, model: &str, inputs: &[Tensor]) -> Result<(), Error> {
+    let bad = |m: String| Error::InvalidArgument(format!("model '{model}': {m}"));
+    for t in inputs {
+        if inputs.iter().filter(|u| u.name == t.name).count() > 1 {
+            return Err(bad(format!("input '{}' is given more than once", t.name)));
+        }
+        let spec = sig.inputs.iter().find(|s| s.name == t.name).ok_or_else(|| {
+            let names: Vec<_> = sig.inputs.iter().map(|s| s.name.as_str()).collect();
+            bad(format!("unexpected input '{}'; the model's inputs are {names:?}", t.name))
+        })?;
+        if t.datatype != spec.datatype {
+            return Err(bad(format!("input '{}' must be {}, got {}", t.name, spec.datatype, t.datatype)));
+        }
+        let expected = sig.full_shape(spec);
+        let fits = t.shape.len() == expected.len()
+            && t.shape.iter().zip(&expected).all(|(&got, &want)| got >= 0 && (want < 0 || got == want));
+        if !fits {
+            return Err(bad(format!("input '{}' must have shape {expected:?} (-1: any size), got {:?}", t.name, t.shape)));
+        }
+        if sig.max_batch_size > 0 && !(1..=i64::from(sig.max_batch_size)).contains(&t.shape[0]) {
+            return Err(bad(format!(
+                "input '{}' has batch size {}, but max_batch_size is {}",
+                t.name, t.shape[0], sig.max_batch_size
+            )));
+        }
+        t.check_data().map_err(bad)?;
+    }
+    if let Some(missing) = sig.inputs.iter().find(|s| !inputs.iter().any(|t| t.name == s.name)) {
+        return Err(bad(format!("input '{}' is missing", missing.name)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DataType;
+
+    fn io(name: &str, shape: &[i64]) -> ModelIo {
+        ModelIo { name: name.into(), datatype: Some(DataType::Fp32), type_name: "tensor(float)".into(), shape: shape.to_vec() }
+    }
+
+    fn sig(dims: &[i64], batch: u32) -> Signature {
+        Signature {
+            max_batch_size: batch,
+            inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, dims: dims.to_vec() }],
+            outputs: vec![],
+        }
+    }
+
+    #[test]
+    fn config_must_match_the_model_file() {
+        let model = [io("x", &[-1, 3, -1, -1])];
+        assert!(complete_and_check(&mut sig(&[3, 48, -1], 8), &model, &[]).is_ok());
+
+        let err = complete_and_check(&mut sig(&[4, 48, -1], 8), &model, &[]).unwrap_err();
+        assert!(err.contains("input 'x'") && err.contains("4") && err.contains("3"), "{err}");
+
+        let err = complete_and_check(&mut sig(&[3, 48], 8), &model, &[]).unwrap_err();
+        assert!(err.contains("rank 2") && err.contains("rank 3"), "{err}");
+
+        let fixed_batch = [io("x", &[1, 3, 48, 48])];
+        let err = complete_and_check(&mut sig(&[3, 48, 48], 8), &fixed_batch, &[]).unwrap_err();
+        assert!(err.contains("batch"), "{err}");
+
+        let mut wrong_type = sig(&[3, 48, -1], 8);
+        wrong_type.inputs[0].datatype = DataType::Int64;
+        let err = complete_and_check(&mut wrong_type, &model, &[]).unwrap_err();
+        assert!(err.contains("INT64") && err.contains("tensor(float)"), "{err}");
+
+        let mut renamed = sig(&[3, 48, -1], 8);
+        renamed.inputs[0].name = "image".into();
+        let err = complete_and_check(&mut renamed, &model, &[]).unwrap_err();
+        assert!(err.contains("'image'") && err.contains("\"x\""), "{err}");
+    }
+
+    #[test]
+    fn missing_tensors_are_completed_from_the_model() {
+        let mut s = Signature { max_batch_size: 4, inputs: vec![], outputs: vec![] };
+        complete_and_check(&mut s, &[io("x", &[-1, 3])], &[io("y", &[-1, 2])]).unwrap();
+        assert_eq!(s.inputs[0].dims, vec![3]);
+        assert_eq!(s.outputs[0].name, "y");
+    }
+
+    #[test]
+    fn requests_are_checked_against_the_signature() {
+        let s = sig(&[2, -1], 4);
+        let t = |shape: &[i64], dt| Tensor {
+            name: "x".into(),
+            datatype: dt,
+            shape: shape.to_vec(),
+            data: vec![0; crate::tensor::element_count(shape) * 4],
+        };
+        assert!(check_inputs(&s, "m", &[t(&[1, 2, 5], DataType::Fp32)]).is_ok());
+        let err = check_inputs(&s, "m", &[t(&[1, 3, 5], DataType::Fp32)]).unwrap_err().to_string();
+        assert!(err.contains("input 'x'") && err.contains("[-1, 2, -1]") && err.contains("[1, 3, 5]"), "{err}");
+        let err = check_inputs(&s, "m", &[t(&[1, 2, 5], DataType::Int32)]).unwrap_err().to_string();
+        assert!(err.contains("must be FP32, got INT32"), "{err}");
+        let err = check_inputs(&s, "m", &[t(&[5, 2, 1], DataType::Fp32)]).unwrap_err().to_string();
+        assert!(err.contains("batch size 5"), "{err}");
+        let err = check_inputs(&s, "m", &[]).unwrap_err().to_string();
+        assert!(err.contains("'x' is missing"), "{err}");
+    }
+}

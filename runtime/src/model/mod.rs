@@ -1,0 +1,171 @@
+//! One loaded model version and the request path through it:
+//! (plugin preprocess) → checks → backend → (plugin postprocess).
+
+mod check;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::backend::onnx::{OnnxRuntime, SessionOptions};
+use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
+use crate::error::Error;
+use crate::plugin::{ModelInfo, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
+use crate::repository::{self, ModelDir};
+use crate::tensor::Tensor;
+
+pub use check::check_inputs;
+
+/// What loading a model needs: the frameworks and the plugin sandbox.
+pub struct Runtimes {
+    pub onnx: OnnxRuntime,
+    pub plugins: PluginHost,
+}
+
+/// A model version that is loaded and can serve.
+pub struct Model {
+    pub name: String,
+    pub version: u64,
+    /// The configuration as `config.pbtxt` states it.
+    pub config: ModelConfig,
+    /// The inputs and outputs served, completed from the model file where
+    /// the configuration leaves them out.
+    pub signature: Signature,
+    backend: Arc<dyn Backend>,
+    plugin: Option<Arc<Plugin>>,
+}
+
+/// The model file used when `default_model_filename` is not set.
+const DEFAULT_MODEL_FILE: &str = "model.onnx";
+
+impl Model {
+    /// Loads version `version` of `dir` with `config`: builds the backend
+    /// session, checks the configuration against the model file and starts
+    /// the plugin, if the configuration names one.
+    ///
+    /// # Errors
+    /// A message saying what failed: an unsupported platform, a missing or
+    /// invalid model file, a configuration that does not match the model
+    /// (naming the tensor and both values), or a plugin that does not load.
+    pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
+        check_platform(config)?;
+        let version_dir = dir.version_path(version);
+        let file = if config.default_model_filename.is_empty() { DEFAULT_MODEL_FILE } else { &config.default_model_filename };
+        let backend = rt.onnx.load(&version_dir.join(file), session_options(config)?)?;
+        let mut signature = Signature::from_config(config)?;
+        check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
+        let backend: Arc<dyn Backend> = Arc::new(backend);
+        let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
+            None | Some("") => None,
+            Some(file) => {
+                let info = ModelInfo {
+                    name: dir.name.clone(),
+                    version,
+                    signature: signature.clone(),
+                    parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
+                    metadata: backend.metadata().to_vec(),
+                };
+                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info)?))
+            }
+        };
+        Ok(Model { name: dir.name.clone(), version, config: config.clone(), signature, backend, plugin })
+    }
+
+    /// The platform name for model metadata (`onnxruntime_onnx`).
+    pub fn platform(&self) -> &'static str {
+        self.backend.platform()
+    }
+
+    /// Runs the model on tensors. `requested` names the outputs to return;
+    /// empty means all, in the order the model declares them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for inputs that do not fit the signature
+    /// or an unknown requested output; [`Error::Internal`] when the backend
+    /// fails.
+    pub async fn infer(&self, inputs: Vec<Tensor>, requested: &[String]) -> Result<Vec<Tensor>, Error> {
+        check_inputs(&self.signature, &self.name, &inputs)?;
+        if let Some(unknown) = requested.iter().find(|r| !self.signature.outputs.iter().any(|o| &o.name == *r)) {
+            let names: Vec<_> = self.signature.outputs.iter().map(|o| o.name.as_str()).collect();
+            return Err(Error::InvalidArgument(format!(
+                "model '{}' has no output '{unknown}'; its outputs are {names:?}",
+                self.name
+            )));
+        }
+        let backend = self.backend.clone();
+        let mut outputs = tokio::task::spawn_blocking(move || backend.execute(inputs))
+            .await
+            .map_err(|e| Error::Internal(format!("model '{}' panicked: {e}", self.name)))?
+            .map_err(|e| Error::Internal(format!("model '{}': {e}", self.name)))?;
+        outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
+        if !requested.is_empty() {
+            outputs.retain(|t| requested.contains(&t.name));
+        }
+        Ok(outputs)
+    }
+
+    /// Sends a raw request through the model's plugin: preprocess, run,
+    /// postprocess.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the model has no plugin or the plugin
+    /// refuses the request; [`Error::Internal`] when the plugin fails, traps,
+    /// exceeds its limits or produces tensors that do not fit the model.
+    pub async fn predict(&self, req: RawRequest) -> Result<RawResponse, Error> {
+        let plugin = self.plugin.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{PLUGIN_PARAMETER}')",
+                self.name,
+                config::CONFIG_FILE
+            ))
+        })?;
+        let req = Arc::new(req);
+        let inputs = plugin.preprocess(req.clone()).await.map_err(plugin_error)?;
+        let outputs = match self.infer(inputs, &[]).await {
+            Err(Error::InvalidArgument(m)) => return Err(Error::Internal(format!("the plugin's preprocess produced tensors the model cannot take: {m}"))),
+            other => other?,
+        };
+        plugin.postprocess(req, outputs).await.map_err(plugin_error)
+    }
+}
+
+fn plugin_error(e: PluginError) -> Error {
+    match e {
+        PluginError::BadInput(m) => Error::InvalidArgument(m),
+        PluginError::Failed(m) => Error::Internal(m),
+    }
+}
+
+fn check_platform(config: &ModelConfig) -> Result<(), String> {
+    let platform_ok = matches!(config.platform.as_str(), "" | "onnxruntime_onnx");
+    let backend_ok = matches!(config.backend.as_str(), "" | "onnxruntime");
+    if platform_ok && backend_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "platform '{}' / backend '{}' is not supported; Plinth serves platform 'onnxruntime_onnx' (backend 'onnxruntime')",
+            config.platform, config.backend
+        ))
+    }
+}
+
+/// ONNX Runtime thread counts from the `parameters` Triton's ONNX Runtime
+/// backend reads: `intra_op_thread_count`, `inter_op_thread_count`.
+fn session_options(config: &ModelConfig) -> Result<SessionOptions, String> {
+    let count = |key: &str| match config::parameter(config, key) {
+        None => Ok(0),
+        Some(v) => v.trim().parse::<usize>().map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
+    };
+    Ok(SessionOptions { intra_op_threads: count("intra_op_thread_count")?, inter_op_threads: count("inter_op_thread_count")? })
+}
+
+fn load_plugin(host: &PluginHost, dir: &ModelDir, file: &str, version_dir: &Path, info: ModelInfo) -> Result<Plugin, String> {
+    let wasm = dir.path.join(file);
+    if !wasm.is_file() {
+        return Err(format!("plugin '{file}' named in {} is not in {}", config::CONFIG_FILE, dir.path.display()));
+    }
+    if !repository::is_within(&wasm, &dir.path) {
+        return Err(format!("plugin '{file}' must be inside the model folder {}", dir.path.display()));
+    }
+    host.load(&wasm, version_dir, info)
+}

@@ -1,0 +1,44 @@
+//! On-disk cache of compiled plugins, so a restart or a second model using
+//! the same `.wasm` skips the compile (about 0.5 s per plugin).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::Path;
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Compiles `wasm`, or loads the artefact a previous compile left in `dir`.
+/// The file name hashes the component bytes and the engine's compatibility
+/// settings, so an artefact is only ever loaded into an engine that can run
+/// it. A cache that cannot be written is skipped with a warning.
+///
+/// # Errors
+/// wasmtime's message when the component does not compile.
+pub fn compile_cached(engine: &Engine, wasm: &[u8], dir: &Path) -> Result<Component, String> {
+    let mut hasher = DefaultHasher::new();
+    wasm.hash(&mut hasher);
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let path = dir.join(format!("{:016x}.cwasm", hasher.finish()));
+    if path.is_file() {
+        // SAFETY: the file was written by `precompile_component` below into
+        // Plinth's own cache folder and is keyed on this engine's settings.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => return Ok(component),
+            Err(e) => tracing::warn!(path = %path.display(), "ignoring an unusable compiled plugin: {e}"),
+        }
+    }
+    let compiled = engine.precompile_component(wasm).map_err(|e| format!("cannot compile: {e}"))?;
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| write_atomically(&path, &compiled)) {
+        tracing::warn!(dir = %dir.display(), "cannot cache a compiled plugin: {e}");
+    }
+    // SAFETY: `compiled` was produced by this engine a moment ago.
+    unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("cannot load the compiled plugin: {e}"))
+}
+
+/// Writes through a temporary file and a rename, so that a concurrent reader
+/// never sees half an artefact.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,332 @@
+//! The WebAssembly sandbox for model plugins (`plinth:plugin@0.1.0`, WASI
+//! 0.2 components run by wasmtime).
+//!
+//! Each plugin is compiled once (the compiled artefact is cached on disk),
+//! and each model keeps a pool of warm instances. An instance sees its model
+//! version folder read-only at `/model` and nothing else: no network, no
+//! environment, no other files. Every call has a CPU-time deadline (epoch
+//! interruption) and every instance a memory limit; an instance that traps is
+//! dropped and the next call gets a fresh one.
+
+mod cache;
+mod convert;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+use crate::tensor::Tensor;
+
+mod bindings {
+    wasmtime::component::bindgen!({ path: "../wit/v0.1", world: "plugin" });
+}
+
+use bindings::plinth::plugin::types as wit;
+
+/// How often the epoch advances; the granularity of the CPU-time limit.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// Bytes of a plugin's stderr kept per instance (panic messages land here).
+const STDERR_CAPACITY: usize = 64 * 1024;
+/// Bytes of stderr quoted in an error message.
+const STDERR_QUOTED: usize = 1024;
+/// Where the plugin sees its model version folder.
+pub const MODEL_MOUNT: &str = "/model";
+
+/// Resource limits applied to every plugin call.
+#[derive(Clone, Copy, Debug)]
+pub struct PluginLimits {
+    /// Largest linear memory one instance may grow to, in bytes.
+    pub memory_bytes: usize,
+    /// CPU time one call may take before it is trapped.
+    pub call_timeout: Duration,
+    /// Plugin calls that run at the same time, across all models.
+    pub concurrency: usize,
+}
+
+/// A raw request handed to a plugin (the body of `/predict`).
+#[derive(Clone, Debug, Default)]
+pub struct RawRequest {
+    pub content_type: String,
+    pub body: Vec<u8>,
+    /// Query parameters of the request.
+    pub parameters: Vec<(String, String)>,
+}
+
+/// A plugin's answer: an HTTP body and its content type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawResponse {
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+/// What a model tells its plugin when an instance starts.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub name: String,
+    pub version: u64,
+    pub signature: crate::config::Signature,
+    /// `config.pbtxt` parameters as key/string-value pairs.
+    pub parameters: Vec<(String, String)>,
+    /// Custom metadata of the model file.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// Why a plugin call failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PluginError {
+    /// The plugin refused the request as malformed (HTTP 400).
+    BadInput(String),
+    /// The plugin failed, trapped, ran out of time or memory (HTTP 500).
+    /// The message names the plugin.
+    Failed(String),
+}
+
+/// Compiles plugins and owns what all plugin instances share: the engine,
+/// the linker with WASI, the limits and the concurrency bound.
+pub struct PluginHost {
+    engine: Engine,
+    linker: Linker<InstanceState>,
+    limits: PluginLimits,
+    cache_dir: Option<PathBuf>,
+    permits: Arc<Semaphore>,
+}
+
+impl PluginHost {
+    /// Creates the engine and starts the thread that advances its epoch.
+    /// `cache_dir` keeps compiled plugins between runs (`None`: compile at
+    /// every load).
+    ///
+    /// # Errors
+    /// A message when wasmtime cannot be configured.
+    pub fn new(limits: PluginLimits, cache_dir: Option<PathBuf>) -> Result<PluginHost, String> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
+        let ticker = engine.clone();
+        std::thread::Builder::new()
+            .name("plinth-epoch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker.increment_epoch();
+                }
+            })
+            .map_err(|e| format!("cannot start the plugin deadline thread: {e}"))?;
+        let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
+        Ok(PluginHost { engine, linker, limits, cache_dir, permits })
+    }
+
+    /// Loads the plugin at `wasm` for a model version whose folder is
+    /// `model_dir`, and starts one instance (calling its `init`) so that a
+    /// broken plugin fails the load rather than the first request.
+    ///
+    /// # Errors
+    /// A message naming the plugin when it cannot be read or compiled, does
+    /// not implement `plinth:plugin/handler@0.1.0`, or its `init` fails.
+    pub fn load(&self, wasm: &Path, model_dir: &Path, info: ModelInfo) -> Result<Plugin, String> {
+        let file = wasm.file_name().map_or_else(|| wasm.display().to_string(), |f| f.to_string_lossy().into_owned());
+        let label = format!("plugin '{file}' of model '{}'", info.name);
+        let component = self.compile(wasm).map_err(|e| format!("{label}: {e}"))?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(bindings::PluginPre::new)
+            .map_err(|e| format!("{label} is not a plinth:plugin@0.1.0 component: {e}"))?;
+        let plugin = Plugin {
+            label,
+            engine: self.engine.clone(),
+            pre,
+            info: convert::model_info(&info),
+            model_dir: model_dir.to_path_buf(),
+            limits: self.limits,
+            idle: Mutex::new(Vec::new()),
+            permits: self.permits.clone(),
+        };
+        let first = plugin.start_instance().map_err(|e| match e {
+            PluginError::BadInput(m) | PluginError::Failed(m) => m,
+        })?;
+        plugin.idle.lock().expect("idle pool").push(first);
+        Ok(plugin)
+    }
+
+    fn compile(&self, wasm: &Path) -> Result<Component, String> {
+        let bytes = std::fs::read(wasm).map_err(|e| format!("cannot read {}: {e}", wasm.display()))?;
+        match &self.cache_dir {
+            Some(dir) => cache::compile_cached(&self.engine, &bytes, dir),
+            None => Component::new(&self.engine, &bytes).map_err(|e| format!("cannot compile: {e}")),
+        }
+    }
+}
+
+/// The state of one plugin instance's store.
+struct InstanceState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+}
+
+impl WasiView for InstanceState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// A started plugin instance, ready for calls.
+struct Instance {
+    store: Store<InstanceState>,
+    bindings: bindings::Plugin,
+    stderr: MemoryOutputPipe,
+}
+
+/// A plugin loaded for one model version, with its pool of warm instances.
+pub struct Plugin {
+    /// "plugin 'x.wasm' of model 'm'", the prefix of every error.
+    label: String,
+    engine: Engine,
+    pre: bindings::PluginPre<InstanceState>,
+    info: wit::ModelInfo,
+    model_dir: PathBuf,
+    limits: PluginLimits,
+    idle: Mutex<Vec<Instance>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Plugin {
+    /// Runs `preprocess`: a raw request in, the model's input tensors out.
+    ///
+    /// # Errors
+    /// [`PluginError::BadInput`] when the plugin refuses the request;
+    /// [`PluginError::Failed`] when it fails, traps, exceeds its CPU time or
+    /// memory.
+    pub async fn preprocess(self: &Arc<Self>, req: Arc<RawRequest>) -> Result<Vec<Tensor>, PluginError> {
+        self.call_blocking(move |this| {
+            let req = convert::request(&req);
+            let tensors = this.call("preprocess", |inst| {
+                let store = &mut inst.store;
+                inst.bindings.plinth_plugin_handler().call_preprocess(store, &req)
+            })?;
+            Ok(tensors.into_iter().map(convert::tensor_from_wit).collect())
+        })
+        .await
+    }
+
+    /// Runs `postprocess`: the request and the model's outputs in, the answer
+    /// out.
+    ///
+    /// # Errors
+    /// As [`Plugin::preprocess`].
+    pub async fn postprocess(self: &Arc<Self>, req: Arc<RawRequest>, outputs: Vec<Tensor>) -> Result<RawResponse, PluginError> {
+        self.call_blocking(move |this| {
+            let req = convert::request(&req);
+            let outputs: Vec<wit::Tensor> = outputs.into_iter().map(convert::tensor_to_wit).collect();
+            let response = this.call("postprocess", |inst| {
+                let store = &mut inst.store;
+                inst.bindings.plinth_plugin_handler().call_postprocess(store, &req, &outputs)
+            })?;
+            Ok(RawResponse { content_type: response.content_type, body: response.body })
+        })
+        .await
+    }
+
+    /// Runs `f` on a blocking thread, at most `concurrency` at a time, so a
+    /// plugin never stalls the async executor.
+    async fn call_blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Plugin) -> Result<T, PluginError> + Send + 'static,
+    ) -> Result<T, PluginError> {
+        let _permit = self.permits.acquire().await.map_err(|_| self.failed("the plugin host is shutting down"))?;
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this))
+            .await
+            .map_err(|e| self.failed(&format!("its call panicked in the host: {e}")))?
+    }
+
+    /// Calls one export on a warm instance. The instance goes back to the
+    /// pool unless it trapped.
+    fn call<T>(
+        &self,
+        export: &str,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, wit::Error>>,
+    ) -> Result<T, PluginError> {
+        let taken = self.idle.lock().expect("idle pool").pop();
+        let mut inst = match taken {
+            Some(inst) => inst,
+            None => self.start_instance()?,
+        };
+        let stderr_before = inst.stderr.contents().len();
+        inst.store.set_epoch_deadline(self.deadline_ticks());
+        match f(&mut inst) {
+            Ok(result) => {
+                self.idle.lock().expect("idle pool").push(inst);
+                result.map_err(|e| match e {
+                    wit::Error::BadInput(m) => PluginError::BadInput(format!("{}: {m}", self.label)),
+                    wit::Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
+                })
+            }
+            Err(trap) => Err(self.trapped(export, &trap, &inst.stderr, stderr_before)),
+        }
+    }
+
+    /// Instantiates the component in a fresh store and calls `init`.
+    fn start_instance(&self) -> Result<Instance, PluginError> {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut wasi = WasiCtx::builder();
+        wasi.stderr(stderr.clone());
+        wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
+            .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
+        let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
+        let state = InstanceState { wasi: wasi.build(), table: ResourceTable::new(), limits };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(self.deadline_ticks());
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
+        let mut inst = Instance { store, bindings, stderr };
+        let info = &self.info;
+        match inst.bindings.plinth_plugin_handler().call_init(&mut inst.store, info) {
+            Ok(Ok(())) => Ok(inst),
+            Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => Err(self.failed(&format!("init failed: {m}"))),
+            Err(trap) => Err(self.trapped("init", &trap, &inst.stderr, 0)),
+        }
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.limits.call_timeout.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64
+    }
+
+    fn failed(&self, what: &str) -> PluginError {
+        PluginError::Failed(format!("{} {what}", self.label))
+    }
+
+    /// Describes a trap: the CPU-time limit, or wasmtime's reason plus what
+    /// the plugin wrote to stderr during the call (panic messages, failed
+    /// allocations).
+    fn trapped(&self, export: &str, err: &wasmtime::Error, stderr: &MemoryOutputPipe, from: usize) -> PluginError {
+        if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            return self.failed(&format!(
+                "exceeded its CPU time limit of {} ms in {export} and was stopped",
+                self.limits.call_timeout.as_millis()
+            ));
+        }
+        let reason = err.downcast_ref::<Trap>().map_or_else(|| err.to_string(), Trap::to_string);
+        let output = stderr.contents();
+        let output = String::from_utf8_lossy(output.get(from..).unwrap_or_default());
+        let output = output.trim();
+        let tail = &output[output.floor_char_boundary(output.len().saturating_sub(STDERR_QUOTED))..];
+        if tail.is_empty() {
+            self.failed(&format!("trapped in {export}: {reason}"))
+        } else {
+            self.failed(&format!("trapped in {export}: {reason}; its stderr: {tail}"))
+        }
+    }
+}

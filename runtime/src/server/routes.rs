@@ -1,0 +1,172 @@
+//! The KServe v2 HTTP routes. Handlers only translate between HTTP and the
+//! registry and models; they hold no state of their own.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::ApiError;
+use super::v2_json::{InferRequest, InferResponse, ModelMetadata, OutputTensor, TensorMetadata};
+use crate::error::Error;
+use crate::model::Model;
+use crate::plugin::RawRequest;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The model (and optional version) a route names: `/v2/models/{model}` or
+/// `/v2/models/{model}/versions/{version}`.
+pub struct ModelRef {
+    pub name: String,
+    pub version: Option<u64>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        let name = params.get("model").cloned().unwrap_or_default();
+        let version = match params.get("version") {
+            None => None,
+            Some(v) => Some(v.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("model version must be a non-negative whole number, got '{v}'"))
+            })?),
+        };
+        Ok(ModelRef { name, version })
+    }
+}
+
+impl ModelRef {
+    fn resolve(&self, state: &AppState) -> Result<Arc<Model>, Error> {
+        state.registry.resolve(&self.name, self.version)
+    }
+}
+
+/// `GET /v2/health/live`: 200 while the process serves HTTP.
+pub async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /v2/health/ready`: 200 once the start-up loads have finished and,
+/// with `--strict-readiness`, every model is READY; 503 before.
+pub async fn ready(State(state): State<Arc<AppState>>) -> StatusCode {
+    let loaded = state.startup_done.load(Ordering::Acquire);
+    if loaded && (!state.strict_readiness || state.registry.all_ready()) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// `GET /v2`: server metadata.
+pub async fn server_metadata() -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "name": "plinth",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": [],
+    }))
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]`: the model's versions, platform and
+/// tensors (shapes with -1 for any size, batch dimension included).
+pub async fn model_metadata(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<Json<ModelMetadata>> {
+    let m = model.resolve(&state)?;
+    let tensors = |specs: &[crate::tensor::TensorSpec]| {
+        specs
+            .iter()
+            .map(|s| TensorMetadata { name: s.name.clone(), datatype: s.datatype.name(), shape: m.signature.full_shape(s) })
+            .collect()
+    };
+    Ok(Json(ModelMetadata {
+        name: m.name.clone(),
+        versions: state.registry.ready_versions(&m.name).iter().map(u64::to_string).collect(),
+        platform: m.platform().to_owned(),
+        inputs: tensors(&m.signature.inputs),
+        outputs: tensors(&m.signature.outputs),
+    }))
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/ready`: 200 when READY; otherwise the
+/// error status (404 unknown, 503 unavailable) and why.
+pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<StatusCode> {
+    model.resolve(&state)?;
+    Ok(StatusCode::OK)
+}
+
+/// `POST /v2/models/{m}[/versions/{v}]/infer`: JSON tensors in and out.
+pub async fn infer(
+    State(state): State<Arc<AppState>>,
+    model: ModelRef,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<InferResponse>> {
+    let m = model.resolve(&state)?;
+    let body = body.map_err(rejected_body)?;
+    let request: InferRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("malformed inference request JSON: {e}")))?;
+    let inputs = request.inputs.into_iter().map(|i| i.into_tensor()).collect::<Result<Vec<_>, _>>()?;
+    let requested: Vec<String> = request.outputs.unwrap_or_default().into_iter().map(|o| o.name).collect();
+    let outputs = m.infer(inputs, &requested).await?;
+    Ok(Json(InferResponse {
+        model_name: m.name.clone(),
+        model_version: m.version.to_string(),
+        id: request.id,
+        outputs: outputs.into_iter().map(OutputTensor::from_tensor).collect::<Result<_, _>>()?,
+    }))
+}
+
+/// `POST /v2/models/{m}[/versions/{v}]/predict`: the raw body goes through
+/// the model's plugin (preprocess → infer → postprocess); the answer is the
+/// plugin's, with its content type. Query parameters reach the plugin.
+pub async fn predict(
+    State(state): State<Arc<AppState>>,
+    model: ModelRef,
+    Query(query): Query<Vec<(String, String)>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let m = model.resolve(&state)?;
+    let body = body.map_err(rejected_body)?;
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
+    let response = m.predict(request).await?;
+    Ok(([(header::CONTENT_TYPE, response.content_type)], response.body).into_response())
+}
+
+/// `POST /v2/repository/index`: every model version and its state; with
+/// `{"ready": true}` only the READY ones.
+pub async fn repository_index(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+    let ready_only = if body.is_empty() {
+        false
+    } else {
+        let request: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("malformed repository index request JSON: {e}")))?;
+        request.get("ready").and_then(serde_json::Value::as_bool).unwrap_or(false)
+    };
+    let rows: Vec<_> = state.registry.index().into_iter().filter(|r| !ready_only || r.state == "READY").collect();
+    Ok(Json(serde_json::to_value(rows).expect("index rows serialise")))
+}
+
+/// Any other path.
+pub async fn unknown_route() -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, message: "unknown route; see the KServe v2 protocol's /v2/... routes".into() }
+}
+
+/// A known path with the wrong method.
+pub async fn wrong_method() -> ApiError {
+    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: "method not allowed on this route".into() }
+}
+
+fn rejected_body(e: BytesRejection) -> ApiError {
+    ApiError { status: e.status(), message: format!("cannot read the request body: {}", e.body_text()) }
+}

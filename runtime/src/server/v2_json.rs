@@ -1,0 +1,255 @@
+//! The KServe v2 (Open Inference Protocol) JSON messages and the conversion
+//! of JSON tensor `data` to and from raw tensor bytes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element};
+
+/// `POST /v2/models/{m}/infer` body.
+#[derive(Debug, Deserialize)]
+pub struct InferRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub inputs: Vec<InputTensor>,
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+/// One input tensor of an inference request.
+#[derive(Debug, Deserialize)]
+pub struct InputTensor {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    /// Row-major elements, flat or nested.
+    pub data: Value,
+}
+
+/// An output the client asks for.
+#[derive(Debug, Deserialize)]
+pub struct RequestedOutput {
+    pub name: String,
+}
+
+/// The inference response body.
+#[derive(Debug, Serialize)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub outputs: Vec<OutputTensor>,
+}
+
+/// One output tensor of a response, `data` flat and row-major.
+#[derive(Debug, Serialize)]
+pub struct OutputTensor {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<i64>,
+    pub data: OutputData,
+}
+
+/// Output elements, kept in their own type so that floats print with their
+/// shortest exact representation (an FP32 0.1 stays `0.1`).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OutputData {
+    Bool(Vec<bool>),
+    Unsigned(Vec<u64>),
+    Signed(Vec<i64>),
+    Fp32(Vec<f32>),
+    Fp64(Vec<f64>),
+    Bytes(Vec<String>),
+}
+
+/// `GET /v2/models/{m}` body.
+#[derive(Debug, Serialize)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// A tensor in model metadata; -1 marks a dimension of any size.
+#[derive(Debug, Serialize)]
+pub struct TensorMetadata {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<i64>,
+}
+
+impl InputTensor {
+    /// Converts the JSON tensor to raw bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the tensor for an unknown datatype,
+    /// a negative dimension, an element of the wrong JSON type or range, a
+    /// datatype JSON cannot carry (FP16, BF16) or an element count that does
+    /// not match the shape.
+    pub fn into_tensor(self) -> Result<Tensor, Error> {
+        let name = self.name;
+        let bad = |m: String| Error::InvalidArgument(format!("input '{name}': {m}"));
+        let datatype = DataType::from_name(&self.datatype)
+            .ok_or_else(|| bad(format!("unknown datatype '{}'", self.datatype)))?;
+        if matches!(datatype, DataType::Fp16 | DataType::Bf16) {
+            return Err(bad(format!(
+                "{datatype} has no JSON representation; send it with the binary tensor data extension"
+            )));
+        }
+        if let Some(d) = self.shape.iter().find(|&&d| d < 0) {
+            return Err(bad(format!("shape {:?} has a negative dimension {d}", self.shape)));
+        }
+        let mut data = Vec::new();
+        let mut count = 0usize;
+        flatten(&self.data, &mut |v| {
+            encode_element(datatype, v, &mut data).map_err(|m| bad(format!("element {count}: {m}")))?;
+            count += 1;
+            Ok(())
+        })?;
+        let expected = element_count(&self.shape);
+        if count != expected {
+            return Err(bad(format!("shape {:?} needs {expected} elements, but data has {count}", self.shape)));
+        }
+        Ok(Tensor { name, datatype, shape: self.shape, data })
+    }
+}
+
+/// Visits the scalars of a (possibly nested) JSON array in row-major order.
+fn flatten(v: &Value, f: &mut impl FnMut(&Value) -> Result<(), Error>) -> Result<(), Error> {
+    match v {
+        Value::Array(items) => items.iter().try_for_each(|item| flatten(item, f)),
+        scalar => f(scalar),
+    }
+}
+
+fn encode_element(dt: DataType, v: &Value, out: &mut Vec<u8>) -> Result<(), String> {
+    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value, dt: DataType) -> Result<T, String> {
+        let out_of_range = || format!("{v} is out of range for {dt}");
+        match (v.as_i64(), v.as_u64()) {
+            (_, Some(u)) => T::try_from(u).map_err(|_| out_of_range()),
+            (Some(i), None) => T::try_from(i).map_err(|_| out_of_range()),
+            _ => Err(format!("expected an integer for {dt}, got {v}")),
+        }
+    }
+    let float = || v.as_f64().ok_or_else(|| format!("expected a number for {dt}, got {v}"));
+    match dt {
+        DataType::Bool => out.push(u8::from(v.as_bool().ok_or_else(|| format!("expected true or false for BOOL, got {v}"))?)),
+        DataType::Uint8 => out.extend(int::<u8>(v, dt)?.to_le_bytes()),
+        DataType::Uint16 => out.extend(int::<u16>(v, dt)?.to_le_bytes()),
+        DataType::Uint32 => out.extend(int::<u32>(v, dt)?.to_le_bytes()),
+        DataType::Uint64 => out.extend(int::<u64>(v, dt)?.to_le_bytes()),
+        DataType::Int8 => out.extend(int::<i8>(v, dt)?.to_le_bytes()),
+        DataType::Int16 => out.extend(int::<i16>(v, dt)?.to_le_bytes()),
+        DataType::Int32 => out.extend(int::<i32>(v, dt)?.to_le_bytes()),
+        DataType::Int64 => out.extend(int::<i64>(v, dt)?.to_le_bytes()),
+        DataType::Fp32 => out.extend((float()? as f32).to_le_bytes()),
+        DataType::Fp64 => out.extend(float()?.to_le_bytes()),
+        DataType::Bytes => {
+            let s = v.as_str().ok_or_else(|| format!("expected a string for BYTES, got {v}"))?;
+            push_bytes_element(out, s.as_bytes());
+        }
+        DataType::Fp16 | DataType::Bf16 => unreachable!("refused before encoding"),
+    }
+    Ok(())
+}
+
+impl OutputTensor {
+    /// Converts a raw output tensor to its JSON form.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for FP16/BF16 outputs, which JSON cannot
+    /// carry; [`Error::Internal`] for data that does not fill the shape.
+    pub fn from_tensor(t: Tensor) -> Result<OutputTensor, Error> {
+        t.check_data().map_err(Error::Internal)?;
+        let le = |n: usize| t.data.chunks_exact(n);
+        let data = match t.datatype {
+            DataType::Bool => OutputData::Bool(t.data.iter().map(|&b| b != 0).collect()),
+            DataType::Uint8 => OutputData::Unsigned(t.data.iter().map(|&b| u64::from(b)).collect()),
+            DataType::Uint16 => OutputData::Unsigned(le(2).map(|c| u64::from(u16::from_le_bytes([c[0], c[1]]))).collect()),
+            DataType::Uint32 => OutputData::Unsigned(le(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().unwrap()))).collect()),
+            DataType::Uint64 => OutputData::Unsigned(le(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DataType::Int8 => OutputData::Signed(t.data.iter().map(|&b| i64::from(b as i8)).collect()),
+            DataType::Int16 => OutputData::Signed(le(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect()),
+            DataType::Int32 => OutputData::Signed(le(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect()),
+            DataType::Int64 => OutputData::Signed(le(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DataType::Fp32 => OutputData::Fp32(le(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DataType::Fp64 => OutputData::Fp64(le(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DataType::Bytes => OutputData::Bytes(
+                bytes_elements(&t.data)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .collect(),
+            ),
+            DataType::Fp16 | DataType::Bf16 => {
+                return Err(Error::InvalidArgument(format!(
+                    "output '{}' is {}, which has no JSON representation; request it with the binary tensor data extension",
+                    t.name, t.datatype
+                )));
+            }
+        };
+        Ok(OutputTensor { name: t.name, datatype: t.datatype.name(), shape: t.shape, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input(datatype: &str, shape: &[i64], data: Value) -> InputTensor {
+        InputTensor { name: "x".into(), shape: shape.to_vec(), datatype: datatype.into(), data }
+    }
+
+    #[test]
+    fn nested_and_flat_data_give_the_same_bytes() {
+        let flat = input("INT32", &[2, 2], json!([1, 2, 3, -4])).into_tensor().unwrap();
+        let nested = input("INT32", &[2, 2], json!([[1, 2], [3, -4]])).into_tensor().unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(&flat.data[12..], &(-4i32).to_le_bytes());
+    }
+
+    #[test]
+    fn every_json_datatype_round_trips() {
+        let cases = [
+            ("BOOL", json!([true, false])),
+            ("UINT8", json!([0, 255])),
+            ("UINT16", json!([0, 65535])),
+            ("UINT32", json!([0, 4294967295u64])),
+            ("UINT64", json!([0, u64::MAX])),
+            ("INT8", json!([-128, 127])),
+            ("INT16", json!([-32768, 32767])),
+            ("INT32", json!([i32::MIN, i32::MAX])),
+            ("INT64", json!([i64::MIN, i64::MAX])),
+            ("FP32", json!([0.1, -2.5])),
+            ("FP64", json!([0.1, 1e300])),
+            ("BYTES", json!(["héllo", ""])),
+        ];
+        for (dt, data) in cases {
+            let t = input(dt, &[2], data.clone()).into_tensor().unwrap();
+            let text = serde_json::to_string(&OutputTensor::from_tensor(t).unwrap()).unwrap();
+            let out: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(out["data"], data, "{dt}");
+            assert_eq!(out["datatype"], dt);
+        }
+    }
+
+    #[test]
+    fn bad_data_names_the_tensor_and_the_problem() {
+        let err = input("UINT8", &[1], json!([256])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("input 'x'") && err.contains("out of range for UINT8"), "{err}");
+        let err = input("FP32", &[3], json!([1.0, 2.0])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("needs 3 elements, but data has 2"), "{err}");
+        let err = input("FP32", &[1], json!(["a"])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("expected a number for FP32"), "{err}");
+        let err = input("FLOAT32", &[1], json!([1])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("unknown datatype 'FLOAT32'"), "{err}");
+        let err = input("FP16", &[1], json!([1])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("binary tensor data extension"), "{err}");
+    }
+}

@@ -1,0 +1,198 @@
+//! Tensors as they travel through Plinth: raw little-endian row-major bytes
+//! with a v2 protocol datatype, so that no stage copies into typed arrays
+//! unless it must.
+
+use std::fmt;
+
+/// Tensor element types, named as the KServe v2 protocol names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    Bool,
+    Uint8,
+    Uint16,
+    Uint32,
+    Uint64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Fp16,
+    Fp32,
+    Fp64,
+    Bf16,
+    /// Variable-length byte strings; each element is stored as a 4-byte
+    /// little-endian length followed by its bytes (KServe v2 binary tensor
+    /// data extension layout).
+    Bytes,
+}
+
+impl DataType {
+    /// Every datatype, in the order of the v2 protocol's table.
+    pub const ALL: [DataType; 14] = [
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Uint16,
+        DataType::Uint32,
+        DataType::Uint64,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Fp16,
+        DataType::Fp32,
+        DataType::Fp64,
+        DataType::Bf16,
+        DataType::Bytes,
+    ];
+
+    /// The v2 protocol name (`"FP32"`, `"BYTES"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Bool => "BOOL",
+            DataType::Uint8 => "UINT8",
+            DataType::Uint16 => "UINT16",
+            DataType::Uint32 => "UINT32",
+            DataType::Uint64 => "UINT64",
+            DataType::Int8 => "INT8",
+            DataType::Int16 => "INT16",
+            DataType::Int32 => "INT32",
+            DataType::Int64 => "INT64",
+            DataType::Fp16 => "FP16",
+            DataType::Fp32 => "FP32",
+            DataType::Fp64 => "FP64",
+            DataType::Bf16 => "BF16",
+            DataType::Bytes => "BYTES",
+        }
+    }
+
+    /// Parses a v2 protocol name; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Size of one element in bytes; `None` for variable-length `BYTES`.
+    pub fn element_size(self) -> Option<usize> {
+        Some(match self {
+            DataType::Bool | DataType::Uint8 | DataType::Int8 => 1,
+            DataType::Uint16 | DataType::Int16 | DataType::Fp16 | DataType::Bf16 => 2,
+            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => 4,
+            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => 8,
+            DataType::Bytes => return None,
+        })
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A tensor with its data as little-endian, row-major bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub datatype: DataType,
+    /// Full shape; every dimension is >= 0.
+    pub shape: Vec<i64>,
+    /// Fixed-size elements back to back, or for `BYTES` each element as a
+    /// 4-byte little-endian length and its bytes.
+    pub data: Vec<u8>,
+}
+
+impl Tensor {
+    /// The number of elements the shape describes.
+    pub fn element_count(&self) -> usize {
+        element_count(&self.shape)
+    }
+
+    /// Checks that `data` holds exactly the elements `shape` describes.
+    ///
+    /// # Errors
+    /// A message naming the tensor, the expected and the actual size.
+    pub fn check_data(&self) -> Result<(), String> {
+        let count = self.element_count();
+        match self.datatype.element_size() {
+            Some(size) if self.data.len() != count * size => Err(format!(
+                "tensor '{}' of shape {:?} and datatype {} needs {} bytes, got {}",
+                self.name,
+                self.shape,
+                self.datatype,
+                count * size,
+                self.data.len()
+            )),
+            Some(_) => Ok(()),
+            None => match bytes_elements(&self.data) {
+                Some(items) if items.len() == count => Ok(()),
+                Some(items) => Err(format!(
+                    "tensor '{}' of shape {:?} needs {count} BYTES elements, got {}",
+                    self.name,
+                    self.shape,
+                    items.len()
+                )),
+                None => Err(format!("tensor '{}' has malformed BYTES data", self.name)),
+            },
+        }
+    }
+}
+
+/// The number of elements of `shape` (negative dimensions count as 0).
+pub fn element_count(shape: &[i64]) -> usize {
+    shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).product()
+}
+
+/// Splits length-prefixed `BYTES` data into its elements; `None` if the
+/// lengths do not add up to the data.
+pub fn bytes_elements(mut data: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut items = Vec::new();
+    while !data.is_empty() {
+        let (len, rest) = data.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (item, rest) = rest.split_at_checked(len)?;
+        items.push(item);
+        data = rest;
+    }
+    Some(items)
+}
+
+/// Appends one `BYTES` element (length prefix and bytes) to `data`.
+pub fn push_bytes_element(data: &mut Vec<u8>, item: &[u8]) {
+    data.extend_from_slice(&(item.len() as u32).to_le_bytes());
+    data.extend_from_slice(item);
+}
+
+/// A declared input or output: a name, a datatype and dimensions where -1
+/// means "any size".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Dimensions without the batch dimension (as `config.pbtxt` gives them).
+    pub dims: Vec<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in DataType::ALL {
+            assert_eq!(DataType::from_name(d.name()), Some(d));
+        }
+        assert_eq!(DataType::from_name("FLOAT"), None);
+    }
+
+    #[test]
+    fn check_data_counts_bytes_and_elements() {
+        let mut t = Tensor { name: "x".into(), datatype: DataType::Fp32, shape: vec![2, 3], data: vec![0; 24] };
+        assert!(t.check_data().is_ok());
+        t.data.pop();
+        assert!(t.check_data().unwrap_err().contains("needs 24 bytes, got 23"));
+
+        let mut data = Vec::new();
+        push_bytes_element(&mut data, b"hi");
+        let s = Tensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data };
+        assert!(s.check_data().unwrap_err().contains("needs 2 BYTES elements, got 1"));
+    }
+}

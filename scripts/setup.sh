@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Sets up everything Plinth needs, inside the project folder, idempotently:
+#   .venv/                 Python with ONNX Runtime 1.31.1 (the library the server loads)
+#                          and the test tools; .venv/libonnxruntime.so links to the library
+#   wasm32-wasip2          the Rust target plugins are built for
+#   model_repository/      the PP-OCR models from the rapidocr-onnxruntime wheel,
+#                          and each model's plugin (.wasm)
+#   target/release/plinth  the server
+# Only the package registries are needed (PyPI, crates.io).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+step() { printf '\n== %s\n' "$*"; }
+
+step "Python venv (.venv) with requirements.txt"
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -r requirements.txt
+    echo "$want" > "$stamp"
+fi
+ort_lib=$(.venv/bin/python -c 'import onnxruntime, pathlib; print(next((pathlib.Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*")))')
+ln -sfn "$ort_lib" .venv/libonnxruntime.so
+echo "ONNX Runtime library: $ort_lib"
+
+step "Rust target wasm32-wasip2"
+if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+    rustup target add wasm32-wasip2
+fi
+
+step "PP-OCR models from rapidocr-onnxruntime==1.4.4"
+wheel_dir=.cache/wheels
+if ! ls "$wheel_dir"/rapidocr_onnxruntime-1.4.4-*.whl >/dev/null 2>&1; then
+    .venv/bin/python -m pip download --quiet --no-deps rapidocr-onnxruntime==1.4.4 -d "$wheel_dir"
+fi
+.venv/bin/python - "$wheel_dir" <<'PY'
+import pathlib, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+targets = {
+    "ch_PP-OCRv4_rec_infer.onnx": "model_repository/ocr_rec/1/model.onnx",
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": "model_repository/ocr_cls/1/model.onnx",
+}
+with zipfile.ZipFile(wheel) as z:
+    for name, target in targets.items():
+        target = pathlib.Path(target)
+        data = z.read(f"rapidocr_onnxruntime/models/{name}")
+        if not target.exists() or target.read_bytes() != data:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            print(f"placed {name} as {target}")
+PY
+
+step "Plugins (plugins/, wasm32-wasip2)"
+(cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target
+wasm=plugins/target/wasm32-wasip2/release
+install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
+install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
+
+step "Server (target/release/plinth)"
+cargo build --release -p plinth
+
+echo
+echo "Set-up done. ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so"
