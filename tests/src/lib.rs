@@ -1,0 +1,165 @@
+//! Test harness: starts the real release binary (`target/release/plinth`,
+//! built by `make setup`) on a model repository and talks HTTP to it, as a
+//! user would.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to load its models.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the repository").to_path_buf()
+}
+
+/// The example model repository (`model_repository/`).
+pub fn example_repository() -> PathBuf {
+    root().join("model_repository")
+}
+
+/// A committed test input from `tests/fixtures/`.
+pub fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(root().join("tests/fixtures").join(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"))
+}
+
+/// A plugin built by `make setup` (`plugins/target/wasm32-wasip2/release/`).
+pub fn built_plugin(file: &str) -> PathBuf {
+    let path = root().join("plugins/target/wasm32-wasip2/release").join(file);
+    assert!(path.is_file(), "{} is missing: run `make setup` first", path.display());
+    path
+}
+
+/// Copies model folder `name` of the example repository into `repo`.
+pub fn copy_example_model(name: &str, repo: &Path) {
+    copy_dir(&example_repository().join(name), &repo.join(name));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e} (run `make setup`)", from.display())) {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A running `plinth serve`; killed when dropped.
+pub struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `plinth serve` on `repository` with `extra` flags, on a free
+    /// port, and waits until its start-up loading has finished.
+    pub fn start(repository: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(binary())
+            .args(["serve", "--http-address", "127.0.0.1", "--http-port", "0", "--model-repository"])
+            .arg(repository)
+            .args(extra)
+            .env("ORT_DYLIB_PATH", ort_dylib_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start target/release/plinth");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut server = Server { child, base: String::new(), log };
+        let addr = server.wait_for_log("HTTP server listening on ");
+        server.base = format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
+        server.wait_for_log("start-up loading finished");
+        server
+    }
+
+    /// Everything the server has logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits for a log line containing `marker`; returns the rest of it.
+    fn wait_for_log(&mut self, marker: &str) -> String {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(rest) = self.log().lines().find_map(|l| l.split_once(marker).map(|(_, r)| r.to_owned())) {
+                return rest;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("plinth exited with {status} before logging '{marker}':\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "plinth did not log '{marker}' in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The full URL of `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// GET `path`: status and body parsed as JSON (`null` if empty).
+    pub fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        reply(client().get(self.url(path)).send())
+    }
+
+    /// POST a JSON body to `path`.
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        reply(client().post(self.url(path)).json(body).send())
+    }
+
+    /// POST raw bytes with a content type to `path`.
+    pub fn post_bytes(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+        reply(client().post(self.url(path)).header("content-type", content_type).body(body).send())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The binary under test: `$PLINTH_BIN` or `target/release/plinth`.
+pub fn binary() -> PathBuf {
+    let path = std::env::var_os("PLINTH_BIN").map_or_else(|| root().join("target/release/plinth"), PathBuf::from);
+    assert!(path.is_file(), "{} is missing: run `make setup` first", path.display());
+    path
+}
+
+/// The ONNX Runtime library: `$ORT_DYLIB_PATH` or the one `make setup` links.
+pub fn ort_dylib_path() -> PathBuf {
+    std::env::var_os("ORT_DYLIB_PATH").map_or_else(|| root().join(".venv/libonnxruntime.so"), PathBuf::from)
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+fn reply(r: reqwest::Result<reqwest::blocking::Response>) -> (u16, serde_json::Value) {
+    let r = r.expect("HTTP request");
+    let status = r.status().as_u16();
+    let text = r.text().expect("response body");
+    let body = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("status {status}: body is not JSON: {text}"))
+    };
+    (status, body)
+}

@@ -1,0 +1,179 @@
+//! Bad input gets a clear `{"error"}` with the right status, and the server
+//! keeps serving afterwards.
+
+use std::path::Path;
+
+use plinth_tests::{Server, built_plugin, copy_example_model, example_repository, fixture};
+use serde_json::{Value, json};
+
+fn error_of(body: &Value) -> &str {
+    body["error"].as_str().unwrap_or_else(|| panic!("no {{\"error\"}} in {body}"))
+}
+
+/// Still reads the hello line correctly: the server kept serving.
+fn assert_still_serving(server: &Server) {
+    let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_hello.png"));
+    assert_eq!((status, body["text"].as_str()), (200, Some("Hello World")), "{body}");
+}
+
+fn cls_request(datatype: &str, shape: &[i64], data: Value) -> Value {
+    json!({"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": data}]})
+}
+
+#[test]
+fn bad_requests_get_400_or_404_with_the_reason() {
+    let server = Server::start(&example_repository(), &[]);
+
+    let (status, body) = server.get("/v2/models/no_such_model");
+    assert_eq!(status, 404);
+    assert!(error_of(&body).contains("no_such_model"), "{body}");
+    let (status, _) = server.post_json("/v2/models/no_such_model/infer", &json!({"inputs": []}));
+    assert_eq!(status, 404);
+
+    let (status, body) = server.post_bytes("/v2/models/ocr_cls/infer", "application/json", b"{\"inputs\": [".to_vec());
+    assert_eq!(status, 400);
+    assert!(error_of(&body).contains("malformed"), "{body}");
+
+    let n = 3 * 48 * 192;
+    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("INT32", &[1, 3, 48, 192], json!(vec![0; n])));
+    assert_eq!(status, 400);
+    let msg = error_of(&body);
+    assert!(msg.contains("'x'") && msg.contains("FP32") && msg.contains("INT32"), "{msg}");
+
+    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 100], json!(vec![0.0; 3 * 48 * 100])));
+    assert_eq!(status, 400);
+    let msg = error_of(&body);
+    assert!(msg.contains("'x'") && msg.contains("[-1, 3, 48, 192]") && msg.contains("[1, 3, 48, 100]"), "{msg}");
+
+    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 192], json!([1.0, 2.0])));
+    assert_eq!(status, 400);
+    assert!(error_of(&body).contains("needs 27648 elements, but data has 2"), "{body}");
+
+    let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", b"this is not an image".to_vec());
+    assert_eq!(status, 400);
+    let msg = error_of(&body);
+    assert!(msg.contains("ocr_rec.wasm") && msg.contains("not a PNG or JPEG"), "{msg}");
+
+    let (status, body) = server.get("/v2/models/ocr_rec/versions/7");
+    assert_eq!(status, 404);
+    assert!(error_of(&body).contains("no version 7"), "{body}");
+
+    let (status, body) = server.get("/v2/no/such/route");
+    assert_eq!(status, 404);
+    error_of(&body);
+
+    assert_still_serving(&server);
+}
+
+/// A repository with the example models plus `faulty`: the ocr_cls network
+/// behind the test plugin that traps, loops or over-allocates on request.
+fn repository_with_faulty_plugin(repo: &Path) {
+    copy_example_model("ocr_rec", repo);
+    let faulty = repo.join("faulty");
+    std::fs::create_dir_all(faulty.join("1")).unwrap();
+    std::fs::copy(example_repository().join("ocr_cls/1/model.onnx"), faulty.join("1/model.onnx")).unwrap();
+    std::fs::copy(built_plugin("faulty.wasm"), faulty.join("faulty.wasm")).unwrap();
+    std::fs::write(
+        faulty.join("config.pbtxt"),
+        r#"max_batch_size: 1
+parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
+    let repo = tempfile::tempdir().unwrap();
+    repository_with_faulty_plugin(repo.path());
+    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "300", "--plugin-memory-limit", "128MiB"]);
+
+    let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
+    assert_eq!(status, 200, "the healthy path works first: {body}");
+    assert_eq!(body["outputs"][0]["shape"], json!([1, 2]));
+
+    for (behaviour, expect) in [
+        ("trap", "deliberate trap requested by the test"),
+        ("loop", "exceeded its CPU time limit of 300 ms"),
+        ("alloc", "memory allocation of 1073741824 bytes failed"),
+    ] {
+        let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", behaviour.as_bytes().to_vec());
+        assert_eq!(status, 500, "{behaviour}: {body}");
+        let msg = error_of(&body);
+        assert!(msg.contains("plugin 'faulty.wasm' of model 'faulty'") && msg.contains(expect), "{behaviour}: {msg}");
+
+        let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
+        assert_eq!(status, 200, "the next request after '{behaviour}' succeeds: {body}");
+        assert_still_serving(&server);
+    }
+
+    let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"bad".to_vec());
+    assert_eq!(status, 400);
+    assert!(error_of(&body).contains("deliberate bad input"), "{body}");
+}
+
+#[test]
+fn a_config_that_does_not_match_its_model_fails_only_that_model() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_rec", repo.path());
+    copy_example_model("ocr_cls", repo.path());
+    let config = repo.path().join("ocr_cls/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap().replace("dims: [ 3, 48, 192 ]", "dims: [ 1, 48, 192 ]");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(repo.path(), &["--strict-readiness", "false"]);
+
+    let (status, body) = server.get("/v2/models/ocr_cls/ready");
+    assert_eq!(status, 503);
+    let msg = error_of(&body);
+    assert!(msg.contains("input 'x'") && msg.contains("dimension 0 is 1") && msg.contains("but 3"), "{msg}");
+    let (status, body) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+    assert_eq!(status, 503);
+    assert!(error_of(&body).contains("input 'x'"), "{body}");
+
+    let (_, index) = server.post_json("/v2/repository/index", &json!({}));
+    let row = index.as_array().unwrap().iter().find(|r| r["name"] == "ocr_cls").unwrap().clone();
+    assert_eq!(row["state"], "UNAVAILABLE");
+    assert!(row["reason"].as_str().unwrap().contains("input 'x'"), "{row}");
+    assert!(server.log().contains("input 'x'"), "the reason is logged too");
+
+    assert_still_serving(&server);
+    assert_eq!(server.get("/v2/health/ready").0, 200, "not strict: ready with one model down");
+}
+
+#[test]
+fn strict_readiness_waits_for_every_model() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_rec", repo.path());
+    std::fs::create_dir_all(repo.path().join("broken/1")).unwrap();
+    std::fs::write(repo.path().join("broken/config.pbtxt"), "max_batchsize: 4").unwrap();
+    let server = Server::start(repo.path(), &[]);
+    assert_eq!(server.get("/v2/health/ready").0, 503);
+    let (status, body) = server.get("/v2/models/broken");
+    assert_eq!(status, 503);
+    assert!(error_of(&body).contains("max_batchsize"), "the parse error names the unknown field: {body}");
+    assert_still_serving(&server);
+}
+
+#[test]
+fn a_missing_onnx_runtime_library_is_a_clear_start_up_error() {
+    let out = std::process::Command::new(plinth_tests::binary())
+        .args(["serve", "--http-port", "0", "--model-repository"])
+        .arg(example_repository())
+        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ORT_DYLIB_PATH") && !stderr.contains("panicked"), "{stderr}");
+
+    let not_a_library = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_a_library.path(), b"not a shared library").unwrap();
+    let out = std::process::Command::new(plinth_tests::binary())
+        .args(["serve", "--http-port", "0", "--model-repository"])
+        .arg(example_repository())
+        .env("ORT_DYLIB_PATH", not_a_library.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ORT_DYLIB_PATH") && !stderr.contains("panicked"), "{stderr}");
+}
