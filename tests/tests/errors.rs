@@ -177,3 +177,28 @@ fn a_missing_onnx_runtime_library_is_a_clear_start_up_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("ORT_DYLIB_PATH") && !stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_plugin_sees_only_its_own_version_folder_read_only() {
+    let repo = tempfile::tempdir().unwrap();
+    repository_with_faulty_plugin(repo.path());
+    let server = Server::start(repo.path(), &[]);
+    let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"sandbox".to_vec());
+    assert_eq!(status, 400, "{body}");
+    let msg = error_of(&body);
+    let report: Value = serde_json::from_str(msg.split_once(": ").unwrap().1).unwrap();
+    assert_eq!(
+        report,
+        json!({
+            "read_own_model_file": true,
+            "list_own_folder": true,
+            "write_own_folder": false,
+            "read_outside": false,
+            "read_host_file": false,
+            "environment": 0,
+            "arguments": 0,
+            "tcp_connect": false,
+        })
+    );
+    assert!(!repo.path().join("faulty/1/written-by-plugin").exists());
+}

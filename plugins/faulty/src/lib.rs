@@ -1,8 +1,10 @@
 //! A plugin that misbehaves on request, so tests can check that the host
 //! contains it. The request body selects the behaviour:
 //! `trap` panics, `loop` never returns, `alloc` asks for 1 GiB,
-//! `bad` returns a bad-input error; anything else yields a zero-filled input
-//! tensor (variable dimensions set to 1) and the default JSON postprocess.
+//! `bad` returns a bad-input error, `sandbox` reports what the plugin can
+//! reach (as the message of a bad-input error, JSON); anything else yields a
+//! zero-filled input tensor (variable dimensions set to 1) and the default
+//! JSON postprocess.
 
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Tensor, export_plugin};
 
@@ -27,6 +29,7 @@ impl Plugin for Faulty {
                 Err(Error::internal("allocated 1 GiB, which the host should have refused"))
             }
             b"bad" => Err(Error::bad_input("deliberate bad input")),
+            b"sandbox" => Err(Error::bad_input(sandbox_report().to_string())),
             _ => Ok(vec![self.zero_input()?]),
         }
     }
@@ -42,6 +45,21 @@ impl Faulty {
         let count = shape.iter().product::<i64>() as usize;
         Ok(Tensor::from_slice(&input.name, &shape, &vec![0.0f32; count]))
     }
+}
+
+/// Tries what a sandboxed plugin must and must not be able to do.
+fn sandbox_report() -> serde_json::Value {
+    let ok = |r: std::io::Result<()>| r.is_ok();
+    serde_json::json!({
+        "read_own_model_file": ok(std::fs::read("/model/model.onnx").map(drop)),
+        "list_own_folder": ok(std::fs::read_dir("/model").map(drop)),
+        "write_own_folder": ok(std::fs::write("/model/written-by-plugin", b"x")),
+        "read_outside": ok(std::fs::read("/model/../config.pbtxt").map(drop)),
+        "read_host_file": ok(std::fs::read("/etc/passwd").map(drop)),
+        "environment": std::env::vars().count(),
+        "arguments": std::env::args().count(),
+        "tcp_connect": ok(std::net::TcpStream::connect("127.0.0.1:80").map(drop)),
+    })
 }
 
 export_plugin!(Faulty);

@@ -279,7 +279,9 @@ impl Plugin {
     fn start_instance(&self) -> Result<Instance, PluginError> {
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtx::builder();
-        wasi.stderr(stderr.clone());
+        // No stdin, arguments or environment (the builder's defaults), no
+        // sockets, and stderr captured for error messages.
+        wasi.stderr(stderr.clone()).allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
         wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
             .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
         let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
