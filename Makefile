@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test
+.PHONY: setup serve test bench
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 HTTP_PORT ?= 8000
@@ -15,3 +15,7 @@ serve: setup
 test: setup
 	cargo test --release --workspace --all-features
 	.venv/bin/python -m pytest -q tests/python
+
+# Latency of /predict against the same pipeline in Python (bench/).
+bench: setup
+	.venv/bin/python bench/ocr_predict.py

@@ -26,7 +26,9 @@ pub fn decode_rgb(body: &[u8]) -> Result<RgbImage, Error> {
 /// Channel order of the planes written by [`to_chw`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChannelOrder {
+    /// Red, green, blue (most ImageNet-trained models).
     Rgb,
+    /// Blue, green, red (models trained on OpenCV-loaded images, e.g. PaddleOCR).
     Bgr,
 }
 

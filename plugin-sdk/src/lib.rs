@@ -21,6 +21,8 @@
 //! The plugin contract is `plinth:plugin@0.1.0` (`wit/v0.1/plugin.wit`); this
 //! crate hides the binding generator so a plugin depends on this crate alone.
 
+#![warn(missing_docs)]
+
 // Lets the generated code name this crate by its public path, which is the
 // one that also works from the plugin crates that expand `export_plugin!`.
 extern crate self as plinth_plugin_sdk;

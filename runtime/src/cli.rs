@@ -14,10 +14,12 @@ use crate::server::ServeOptions;
 #[derive(Debug, Parser)]
 #[command(name = "plinth", version, about)]
 pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands of `plinth`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the models of one or more model repositories over HTTP.
@@ -55,7 +57,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     pub plugin_memory_limit: usize,
 
-    /// CPU time one plugin call may take, in milliseconds.
+    /// How long one plugin call may run, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub plugin_timeout_ms: u64,
 
@@ -63,8 +65,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub plugin_concurrency: Option<usize>,
 
-    /// Folder for compiled plugins (default: $XDG_CACHE_HOME/plinth or
-    /// ~/.cache/plinth; "none" disables the cache).
+    /// Folder for compiled plugins (default: $XDG_CACHE_HOME/plinth/plugins
+    /// or ~/.cache/plinth/plugins; "none" disables the cache).
     #[arg(long, value_name = "PATH")]
     pub plugin_cache_dir: Option<PathBuf>,
 
@@ -81,9 +83,12 @@ pub struct ServeArgs {
 /// ISO 8601 timestamp here), and `json` lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Default,
+    /// Human-readable lines (Triton's name; timestamps are ISO 8601 anyway).
     #[value(name = "ISO8601", alias = "iso8601")]
     Iso8601,
+    /// One JSON object per line.
     Json,
 }
 
@@ -134,7 +139,8 @@ pub fn init_logging(verbose: u8, format: LogFormat) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,plinth={level}")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Default | LogFormat::Iso8601 => builder.init(),
         LogFormat::Json => builder.json().init(),

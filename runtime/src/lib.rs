@@ -7,6 +7,8 @@
 //! `model` (plugin preprocess → checks → `backend` → plugin postprocess).
 //! `lifecycle` loads the `repository` into the `registry`.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod cli;
 pub mod config;

@@ -20,19 +20,23 @@ pub enum VersionState {
 /// `config.pbtxt` that does not parse).
 #[derive(Default)]
 pub struct ModelEntry {
+    /// The versions tried, by number.
     pub versions: BTreeMap<u64, VersionState>,
+    /// Why the model as a whole cannot be loaded, if it cannot.
     pub error: Option<String>,
 }
 
 /// One row of the repository index (`POST /v2/repository/index`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IndexEntry {
+    /// The model's name.
     pub name: String,
     /// Empty for a model-level failure.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub version: String,
     /// `READY` or `UNAVAILABLE`.
     pub state: &'static str,
+    /// Why it is UNAVAILABLE; empty when READY.
     pub reason: String,
 }
 

@@ -7,18 +7,31 @@ use std::fmt;
 /// Tensor element types, named as the KServe v2 protocol names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
+    /// `BOOL`, one byte, 0 or 1.
     Bool,
+    /// `UINT8`.
     Uint8,
+    /// `UINT16`.
     Uint16,
+    /// `UINT32`.
     Uint32,
+    /// `UINT64`.
     Uint64,
+    /// `INT8`.
     Int8,
+    /// `INT16`.
     Int16,
+    /// `INT32`.
     Int32,
+    /// `INT64`.
     Int64,
+    /// `FP16`, IEEE half precision (binary only: no JSON form).
     Fp16,
+    /// `FP32`.
     Fp32,
+    /// `FP64`.
     Fp64,
+    /// `BF16`, bfloat16 (binary only: no JSON form).
     Bf16,
     /// Variable-length byte strings; each element is stored as a 4-byte
     /// little-endian length followed by its bytes (KServe v2 binary tensor
@@ -91,7 +104,9 @@ impl fmt::Display for DataType {
 /// A tensor with its data as little-endian, row-major bytes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// The input or output name.
     pub name: String,
+    /// Element type.
     pub datatype: DataType,
     /// Full shape; every dimension is >= 0.
     pub shape: Vec<i64>,
@@ -165,7 +180,9 @@ pub fn push_bytes_element(data: &mut Vec<u8>, item: &[u8]) {
 /// means "any size".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// The tensor's name in the model.
     pub name: String,
+    /// Element type.
     pub datatype: DataType,
     /// Dimensions without the batch dimension (as `config.pbtxt` gives them).
     pub dims: Vec<i64>,

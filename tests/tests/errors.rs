@@ -93,7 +93,7 @@ fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
 
     for (behaviour, expect) in [
         ("trap", "deliberate trap requested by the test"),
-        ("loop", "exceeded its CPU time limit of 300 ms"),
+        ("loop", "exceeded its time limit of 300 ms"),
         ("alloc", "memory allocation of 1073741824 bytes failed"),
     ] {
         let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", behaviour.as_bytes().to_vec());
@@ -201,4 +201,14 @@ fn a_plugin_sees_only_its_own_version_folder_read_only() {
         })
     );
     assert!(!repo.path().join("faulty/1/written-by-plugin").exists());
+}
+
+#[test]
+fn a_body_over_the_limit_gets_413() {
+    let server = Server::start(&example_repository(), &["--http-max-body-bytes", "1KiB"]);
+    let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_serif.png"));
+    assert_eq!(status, 413, "{body}");
+    assert!(error_of(&body).contains("length limit"), "{body}");
+    let (status, _) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", vec![0; 100]);
+    assert_eq!(status, 400, "small bodies still pass");
 }

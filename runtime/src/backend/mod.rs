@@ -8,6 +8,7 @@ use crate::tensor::{DataType, Tensor};
 /// An input or output as the model file declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelIo {
+    /// The tensor's name in the model file.
     pub name: String,
     /// `None` when the framework's element type has no v2 datatype.
     pub datatype: Option<DataType>,

@@ -161,7 +161,9 @@ pub struct Signature {
     /// 0: tensors have exactly `dims`; otherwise a leading batch dimension of
     /// 1 to `max_batch_size` comes first.
     pub max_batch_size: u32,
+    /// The tensors a request must carry, in declaration order.
     pub inputs: Vec<TensorSpec>,
+    /// The tensors the model returns, in declaration order.
     pub outputs: Vec<TensorSpec>,
 }
 

@@ -18,13 +18,17 @@ pub use check::check_inputs;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.
 pub struct Runtimes {
+    /// ONNX Runtime, for `onnxruntime_onnx` models.
     pub onnx: OnnxRuntime,
+    /// The wasmtime sandbox, for model plugins.
     pub plugins: PluginHost,
 }
 
 /// A model version that is loaded and can serve.
 pub struct Model {
+    /// The model's name (its folder name).
     pub name: String,
+    /// The version number (its version folder name).
     pub version: u64,
     /// The configuration as `config.pbtxt` states it.
     pub config: ModelConfig,

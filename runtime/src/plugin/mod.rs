@@ -4,7 +4,7 @@
 //! Each plugin is compiled once (the compiled artefact is cached on disk),
 //! and each model keeps a pool of warm instances. An instance sees its model
 //! version folder read-only at `/model` and nothing else: no network, no
-//! environment, no other files. Every call has a CPU-time deadline (epoch
+//! environment, no other files. Every call has a deadline (epoch
 //! interruption) and every instance a memory limit; an instance that traps is
 //! dropped and the next call gets a fresh one.
 
@@ -29,7 +29,7 @@ mod bindings {
 
 use bindings::plinth::plugin::types as wit;
 
-/// How often the epoch advances; the granularity of the CPU-time limit.
+/// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Bytes of a plugin's stderr kept per instance (panic messages land here).
 const STDERR_CAPACITY: usize = 64 * 1024;
@@ -43,7 +43,8 @@ pub const MODEL_MOUNT: &str = "/model";
 pub struct PluginLimits {
     /// Largest linear memory one instance may grow to, in bytes.
     pub memory_bytes: usize,
-    /// CPU time one call may take before it is trapped.
+    /// How long one call may run before it is trapped (wall-clock time while
+    /// the plugin executes, checked at epoch ticks).
     pub call_timeout: Duration,
     /// Plugin calls that run at the same time, across all models.
     pub concurrency: usize,
@@ -52,7 +53,9 @@ pub struct PluginLimits {
 /// A raw request handed to a plugin (the body of `/predict`).
 #[derive(Clone, Debug, Default)]
 pub struct RawRequest {
+    /// The request's `Content-Type` header, or empty.
     pub content_type: String,
+    /// The request body as sent.
     pub body: Vec<u8>,
     /// Query parameters of the request.
     pub parameters: Vec<(String, String)>,
@@ -61,15 +64,20 @@ pub struct RawRequest {
 /// A plugin's answer: an HTTP body and its content type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawResponse {
+    /// The `Content-Type` of the answer.
     pub content_type: String,
+    /// The answer's body.
     pub body: Vec<u8>,
 }
 
 /// What a model tells its plugin when an instance starts.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
+    /// The model's name.
     pub name: String,
+    /// The version being loaded.
     pub version: u64,
+    /// Declared inputs, outputs and `max_batch_size`.
     pub signature: crate::config::Signature,
     /// `config.pbtxt` parameters as key/string-value pairs.
     pub parameters: Vec<(String, String)>,
@@ -204,7 +212,7 @@ impl Plugin {
     ///
     /// # Errors
     /// [`PluginError::BadInput`] when the plugin refuses the request;
-    /// [`PluginError::Failed`] when it fails, traps, exceeds its CPU time or
+    /// [`PluginError::Failed`] when it fails, traps, exceeds its time limit or
     /// memory.
     pub async fn preprocess(self: &Arc<Self>, req: Arc<RawRequest>) -> Result<Vec<Tensor>, PluginError> {
         self.call_blocking(move |this| {
@@ -310,13 +318,13 @@ impl Plugin {
         PluginError::Failed(format!("{} {what}", self.label))
     }
 
-    /// Describes a trap: the CPU-time limit, or wasmtime's reason plus what
+    /// Describes a trap: the time limit, or wasmtime's reason plus what
     /// the plugin wrote to stderr during the call (panic messages, failed
     /// allocations).
     fn trapped(&self, export: &str, err: &wasmtime::Error, stderr: &MemoryOutputPipe, from: usize) -> PluginError {
         if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             return self.failed(&format!(
-                "exceeded its CPU time limit of {} ms in {export} and was stopped",
+                "exceeded its time limit of {} ms in {export} and was stopped",
                 self.limits.call_timeout.as_millis()
             ));
         }

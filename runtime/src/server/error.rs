@@ -10,7 +10,9 @@ use crate::error::Error;
 /// An error answer: its status and message.
 #[derive(Debug)]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// What went wrong, for the client.
     pub message: String,
 }
 

@@ -24,7 +24,9 @@ pub use error::ApiError;
 /// Everything `plinth serve` needs, from flags (see `cli`).
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
+    /// The model repository folders to serve.
     pub model_repositories: Vec<PathBuf>,
+    /// Address the HTTP server binds.
     pub http_address: std::net::IpAddr,
     /// 0 picks a free port (logged at start).
     pub http_port: u16,
@@ -34,6 +36,7 @@ pub struct ServeOptions {
     pub strict_readiness: bool,
     /// Path of `libonnxruntime.so` (`ORT_DYLIB_PATH`).
     pub ort_dylib_path: Option<PathBuf>,
+    /// Memory, time and concurrency limits of plugin calls.
     pub plugin_limits: PluginLimits,
     /// Where compiled plugins are cached; `None` disables the cache.
     pub plugin_cache_dir: Option<PathBuf>,
@@ -41,9 +44,11 @@ pub struct ServeOptions {
 
 /// State shared by all handlers.
 pub struct AppState {
+    /// The models and their states.
     pub registry: Arc<Registry>,
     /// Set once the models present at start have been tried.
     pub startup_done: AtomicBool,
+    /// `--strict-readiness`: ready only when every model is READY.
     pub strict_readiness: bool,
 }
 
