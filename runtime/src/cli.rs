@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::lifecycle::ControlMode;
 use crate::plugin::PluginLimits;
 use crate::server::ServeOptions;
 
@@ -24,6 +25,33 @@ pub struct Cli {
 pub enum Command {
     /// Serve the models of one or more model repositories over HTTP.
     Serve(ServeArgs),
+    /// Check a model repository without serving it: every configuration
+    /// parses and matches its model, every plugin starts. Prints one line per
+    /// problem and exits non-zero if there is any.
+    Check(CheckArgs),
+}
+
+/// Flags of `plinth check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// A model repository folder (repeat for several).
+    #[arg(long = "model-repository", required = true, value_name = "PATH")]
+    pub model_repositories: Vec<PathBuf>,
+
+    /// The ONNX Runtime 1.31 shared library (libonnxruntime.so).
+    #[arg(long, env = "ORT_DYLIB_PATH", value_name = "PATH")]
+    pub ort_dylib_path: Option<PathBuf>,
+}
+
+/// `--model-control-mode` values (Triton's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModelControlMode {
+    /// Load every model at start; never change.
+    None,
+    /// Load every model at start, then follow the repositories' changes.
+    Poll,
+    /// Load `--load-model` models at start; then the repository API decides.
+    Explicit,
 }
 
 /// Flags of `plinth serve`.
@@ -32,6 +60,23 @@ pub struct ServeArgs {
     /// A model repository folder (repeat for several).
     #[arg(long = "model-repository", required = true, value_name = "PATH")]
     pub model_repositories: Vec<PathBuf>,
+
+    /// How the loaded models change after start.
+    #[arg(long, value_enum, default_value_t = ModelControlMode::None)]
+    pub model_control_mode: ModelControlMode,
+
+    /// Poll mode: seconds between two looks at the repositories. A changed
+    /// folder is loaded once its files stayed the same for this long.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    pub repository_poll_secs: u64,
+
+    /// Explicit mode: a model to load at start (repeat; `*` loads all).
+    #[arg(long = "load-model", value_name = "NAME")]
+    pub load_models: Vec<String>,
+
+    /// Seconds accepted requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30)]
+    pub exit_timeout_secs: u64,
 
     /// Address the HTTP server binds.
     #[arg(long, default_value = "0.0.0.0")]
@@ -99,10 +144,24 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 impl ServeArgs {
     /// The server options these flags describe.
-    pub fn options(&self) -> ServeOptions {
+    ///
+    /// # Errors
+    /// A message for flags that contradict each other.
+    pub fn options(&self) -> Result<ServeOptions, String> {
+        if !self.load_models.is_empty() && self.model_control_mode != ModelControlMode::Explicit {
+            return Err("--load-model needs --model-control-mode=explicit (other modes load every model)".into());
+        }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        ServeOptions {
+        Ok(ServeOptions {
             model_repositories: self.model_repositories.clone(),
+            control_mode: match self.model_control_mode {
+                ModelControlMode::None => ControlMode::None,
+                ModelControlMode::Poll => ControlMode::Poll,
+                ModelControlMode::Explicit => ControlMode::Explicit,
+            },
+            repository_poll: Duration::from_secs(self.repository_poll_secs),
+            load_models: self.load_models.clone(),
+            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
             http_address: self.http_address,
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
@@ -118,7 +177,7 @@ impl ServeArgs {
                 Some(p) => Some(p.clone()),
                 None => default_cache_dir(),
             },
-        }
+        })
     }
 }
 

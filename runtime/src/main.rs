@@ -1,19 +1,52 @@
 //! The `plinth` binary.
 
-use clap::Parser;
-use plinth::cli::{Cli, Command, init_logging};
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
-    init_logging(args.log_verbose, args.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(plinth::server::serve(args.options())) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+use clap::Parser;
+use plinth::cli::{CheckArgs, Cli, Command, LogFormat, init_logging};
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            init_logging(args.log_verbose, args.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+            finish(args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts))))
+        }
+        Command::Check(args) => {
+            init_logging(0, LogFormat::Default);
+            match check(&args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => finish(Err(e)),
+            }
+        }
+    }
+}
+
+/// Runs `plinth check`: prints each problem on its own line; `Ok(true)` when
+/// there is none.
+fn check(args: &CheckArgs) -> Result<bool, String> {
+    let runtimes = plinth::model::Runtimes {
+        onnx: plinth::backend::onnx::OnnxRuntime::init(args.ort_dylib_path.as_deref())?,
+        plugins: plinth::plugin::PluginHost::new(plinth::plugin::PluginLimits::default(), None)?,
+    };
+    let problems = plinth::lifecycle::check_repository(&args.model_repositories, &runtimes)?;
+    for problem in &problems {
+        println!("{problem}");
+    }
+    if problems.is_empty() {
+        println!("ok: every model in the repository loads");
+    }
+    Ok(problems.is_empty())
+}
+
+fn finish(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

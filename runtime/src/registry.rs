@@ -1,29 +1,54 @@
-//! The table of models the server knows, each version READY (loaded) or
-//! UNAVAILABLE with the reason, and the resolution of a request's model
-//! name and version to a loaded model.
+//! The table of models the server knows and the state of each version, in
+//! the repository extension's terms (READY, LOADING, UNLOADING,
+//! UNAVAILABLE), and the resolution of a request's model name and version
+//! to a loaded model. `lifecycle` decides what changes; this module only
+//! records it.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::error::Error;
 use crate::model::Model;
 
-/// The state of one model version, in the repository extension's terms.
+/// The state of one model version.
 pub enum VersionState {
+    /// Being loaded and warmed up; not serving yet.
+    Loading,
     /// Loaded and serving.
     Ready(Arc<Model>),
-    /// Tried and failed; the reason says why.
-    Unavailable(String),
+    /// Tried and failed, or removed.
+    Unavailable,
 }
 
-/// A model's versions, or why none could be considered (e.g. a
-/// `config.pbtxt` that does not parse).
+/// One version of a model: its state, and why the last attempt to load it
+/// failed (empty when it did not). A READY version keeps serving when a
+/// reload of it fails; the reason then says so.
+pub struct Slot {
+    /// Where the version stands.
+    pub state: VersionState,
+    /// The last failure, if any.
+    pub reason: String,
+}
+
+/// A model's versions and standing.
 #[derive(Default)]
 pub struct ModelEntry {
     /// The versions tried, by number.
-    pub versions: BTreeMap<u64, VersionState>,
-    /// Why the model as a whole cannot be loaded, if it cannot.
+    pub versions: BTreeMap<u64, Slot>,
+    /// Why the model has no version to try (a `config.pbtxt` that does not
+    /// parse, an unload), if so.
     pub error: Option<String>,
+    /// Whether the server should serve this model: it counts for readiness.
+    pub wanted: bool,
+}
+
+impl ModelEntry {
+    fn ready(&self) -> impl DoubleEndedIterator<Item = (u64, &Arc<Model>)> {
+        self.versions.iter().filter_map(|(v, s)| match &s.state {
+            VersionState::Ready(m) => Some((*v, m)),
+            _ => None,
+        })
+    }
 }
 
 /// One row of the repository index (`POST /v2/repository/index`).
@@ -31,25 +56,149 @@ pub struct ModelEntry {
 pub struct IndexEntry {
     /// The model's name.
     pub name: String,
-    /// Empty for a model-level failure.
+    /// Empty for a row about the model as a whole.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub version: String,
-    /// `READY` or `UNAVAILABLE`.
+    /// `READY`, `LOADING`, `UNLOADING` or `UNAVAILABLE`.
     pub state: &'static str,
-    /// Why it is UNAVAILABLE; empty when READY.
+    /// Why it is UNAVAILABLE, or why its last reload failed; else empty.
     pub reason: String,
+}
+
+/// A version taken out of service that still has requests in flight: it
+/// stays in memory until the last of them drops its `Arc<Model>`.
+struct Draining {
+    name: String,
+    version: u64,
+    model: Weak<Model>,
 }
 
 /// All models, by name. Lookups take a short read lock.
 #[derive(Default)]
 pub struct Registry {
     models: RwLock<BTreeMap<String, ModelEntry>>,
+    draining: Mutex<Vec<Draining>>,
 }
 
 impl Registry {
-    /// Records `entry` as the state of model `name`, replacing any earlier one.
-    pub fn set(&self, name: &str, entry: ModelEntry) {
-        self.models.write().expect("registry lock").insert(name.to_owned(), entry);
+    /// Runs `f` on the entry of `name`, creating an empty one if needed.
+    fn update<T>(&self, name: &str, f: impl FnOnce(&mut ModelEntry) -> T) -> T {
+        let mut models = self.models.write().expect("registry lock");
+        f(models.entry(name.to_owned()).or_default())
+    }
+
+    /// Lists `name` as a model of the repository that nobody asked to load
+    /// (explicit mode), unless it is known already.
+    pub fn add_unloaded(&self, name: &str) {
+        self.update(name, |e| {
+            if e.versions.is_empty() && e.error.is_none() {
+                e.error = Some("not loaded".into());
+            }
+        });
+    }
+
+    /// Marks `name` as wanted (it should serve) and clears a model-level error.
+    pub fn want(&self, name: &str) {
+        self.update(name, |e| {
+            e.wanted = true;
+            e.error = None;
+        });
+    }
+
+    /// Records why `name` cannot be loaded at all. Versions that are READY
+    /// keep serving; only a model with none shows the error.
+    pub fn fail_model(&self, name: &str, reason: &str) {
+        self.update(name, |e| {
+            if e.ready().next().is_none() {
+                e.error = Some(reason.to_owned());
+            }
+        });
+    }
+
+    /// Version `version` of `name` starts loading. A READY version stays
+    /// READY (and serving) while its replacement loads.
+    pub fn set_loading(&self, name: &str, version: u64) {
+        self.update(name, |e| {
+            let slot = e.versions.entry(version).or_insert(Slot { state: VersionState::Loading, reason: String::new() });
+            if !matches!(slot.state, VersionState::Ready(_)) {
+                slot.state = VersionState::Loading;
+            }
+        });
+    }
+
+    /// Version `version` of `name` is loaded: it serves from now on. A model
+    /// it replaces finishes its in-flight requests, then is dropped.
+    pub fn set_ready(&self, name: &str, version: u64, model: Arc<Model>) {
+        let old = self.update(name, |e| {
+            let slot = Slot { state: VersionState::Ready(model), reason: String::new() };
+            e.versions.insert(version, slot).map(|s| s.state)
+        });
+        if let Some(VersionState::Ready(old)) = old {
+            self.drain(name, version, &old);
+        }
+    }
+
+    /// A load of `version` failed with `reason`. A READY version stays
+    /// READY and serving; otherwise the version becomes UNAVAILABLE.
+    pub fn set_failed(&self, name: &str, version: u64, reason: &str) {
+        self.update(name, |e| {
+            let slot = e.versions.entry(version).or_insert(Slot { state: VersionState::Unavailable, reason: String::new() });
+            if !matches!(slot.state, VersionState::Ready(_)) {
+                slot.state = VersionState::Unavailable;
+            }
+            slot.reason = reason.to_owned();
+        });
+    }
+
+    /// Takes the versions of `name` that are not in `keep` out of the
+    /// table, once one of `keep` is READY (until then they keep serving).
+    /// A READY version taken out drains (UNLOADING) and is then dropped.
+    pub fn retire_versions(&self, name: &str, keep: &[u64]) {
+        let retired = self.update(name, |e| {
+            if !e.ready().any(|(v, _)| keep.contains(&v)) {
+                return Vec::new();
+            }
+            let gone: Vec<u64> = e.versions.keys().copied().filter(|v| !keep.contains(v)).collect();
+            gone.into_iter().filter_map(|v| e.versions.remove(&v).map(|s| (v, s))).collect::<Vec<_>>()
+        });
+        for (version, slot) in retired {
+            if let VersionState::Ready(model) = slot.state {
+                tracing::info!(model = %name, version, "unloading: no longer selected by the version policy");
+                self.drain(name, version, &model);
+            }
+        }
+    }
+
+    /// Whether version `version` of `name` is READY.
+    pub fn is_ready(&self, name: &str, version: u64) -> bool {
+        let models = self.models.read().expect("registry lock");
+        models.get(name).and_then(|e| e.versions.get(&version)).is_some_and(|s| matches!(s.state, VersionState::Ready(_)))
+    }
+
+    /// Unloads every version of `name`: later requests get 503 "unloaded";
+    /// requests in flight finish first.
+    pub fn unload(&self, name: &str) {
+        let old = self.update(name, |e| {
+            e.wanted = false;
+            e.error = Some("unloaded".into());
+            std::mem::take(&mut e.versions)
+        });
+        for (version, slot) in old {
+            if let VersionState::Ready(model) = slot.state {
+                self.drain(name, version, &model);
+            }
+        }
+    }
+
+    fn drain(&self, name: &str, version: u64, model: &Arc<Model>) {
+        let mut draining = self.draining.lock().expect("draining lock");
+        draining.push(Draining { name: name.to_owned(), version, model: Arc::downgrade(model) });
+    }
+
+    /// The READY versions of `name`, ascending.
+    pub fn ready_versions(&self, name: &str) -> Vec<u64> {
+        let models = self.models.read().expect("registry lock");
+        models.get(name).map_or_else(Vec::new, |e| e.ready().map(|(v, _)| v).collect())
     }
 
     /// The model a request for `name` (and `version`, if given) reaches:
@@ -61,71 +210,69 @@ impl Registry {
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<Model>, Error> {
         let models = self.models.read().expect("registry lock");
         let entry = models.get(name).ok_or_else(|| Error::NotFound(format!("unknown model '{name}'")))?;
-        if let Some(reason) = &entry.error {
-            return Err(Error::Unavailable(format!("model '{name}' is UNAVAILABLE: {reason}")));
-        }
         match version {
-            Some(v) => match entry.versions.get(&v) {
-                Some(VersionState::Ready(m)) => Ok(m.clone()),
-                Some(VersionState::Unavailable(reason)) => {
+            Some(v) => match entry.versions.get(&v).map(|s| (&s.state, &s.reason)) {
+                Some((VersionState::Ready(m), _)) => Ok(m.clone()),
+                Some((VersionState::Loading, _)) => Err(Error::Unavailable(format!("model '{name}' version {v} is LOADING"))),
+                Some((VersionState::Unavailable, reason)) => {
                     Err(Error::Unavailable(format!("model '{name}' version {v} is UNAVAILABLE: {reason}")))
                 }
                 None => Err(Error::NotFound(format!("model '{name}' has no version {v}"))),
             },
             None => entry
-                .versions
-                .values()
-                .rev()
-                .find_map(|s| match s {
-                    VersionState::Ready(m) => Some(m.clone()),
-                    VersionState::Unavailable(_) => None,
-                })
+                .ready()
+                .next_back()
+                .map(|(_, m)| m.clone())
                 .ok_or_else(|| Error::Unavailable(unavailable_reason(name, entry))),
         }
     }
 
-    /// The versions of `name` that are READY, ascending.
-    pub fn ready_versions(&self, name: &str) -> Vec<u64> {
-        let models = self.models.read().expect("registry lock");
-        models.get(name).map_or_else(Vec::new, |e| {
-            e.versions.iter().filter(|(_, s)| matches!(s, VersionState::Ready(_))).map(|(v, _)| *v).collect()
-        })
-    }
-
-    /// Whether every known model version is READY.
+    /// Whether every wanted model has a READY version.
     pub fn all_ready(&self) -> bool {
         let models = self.models.read().expect("registry lock");
-        models.values().all(|e| e.error.is_none() && e.versions.values().all(|s| matches!(s, VersionState::Ready(_))))
+        models.values().filter(|e| e.wanted).all(|e| e.ready().next().is_some())
     }
 
-    /// The repository index: one row per model version (one per model for a
-    /// model-level failure), sorted by name and version.
+    /// The repository index: one row per model version, one per model for a
+    /// model-level state, and one per version still draining, sorted by name.
     pub fn index(&self) -> Vec<IndexEntry> {
-        let models = self.models.read().expect("registry lock");
         let mut rows = Vec::new();
-        for (name, entry) in models.iter() {
-            if let Some(reason) = &entry.error {
-                rows.push(IndexEntry { name: name.clone(), version: String::new(), state: "UNAVAILABLE", reason: reason.clone() });
-            }
-            for (v, state) in &entry.versions {
-                let (state, reason) = match state {
-                    VersionState::Ready(_) => ("READY", String::new()),
-                    VersionState::Unavailable(r) => ("UNAVAILABLE", r.clone()),
-                };
-                rows.push(IndexEntry { name: name.clone(), version: v.to_string(), state, reason });
+        {
+            let models = self.models.read().expect("registry lock");
+            for (name, entry) in models.iter() {
+                if let Some(reason) = &entry.error {
+                    rows.push(IndexEntry { name: name.clone(), version: String::new(), state: "UNAVAILABLE", reason: reason.clone() });
+                }
+                for (v, slot) in &entry.versions {
+                    let state = match slot.state {
+                        VersionState::Loading => "LOADING",
+                        VersionState::Ready(_) => "READY",
+                        VersionState::Unavailable => "UNAVAILABLE",
+                    };
+                    rows.push(IndexEntry { name: name.clone(), version: v.to_string(), state, reason: slot.reason.clone() });
+                }
             }
         }
+        let mut draining = self.draining.lock().expect("draining lock");
+        draining.retain(|d| d.model.strong_count() > 0);
+        for d in draining.iter() {
+            rows.push(IndexEntry { name: d.name.clone(), version: d.version.to_string(), state: "UNLOADING", reason: String::new() });
+        }
+        rows.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
         rows
     }
 }
 
 fn unavailable_reason(name: &str, entry: &ModelEntry) -> String {
+    if let Some(reason) = &entry.error {
+        return format!("model '{name}' is UNAVAILABLE: {reason}");
+    }
     let reasons: Vec<String> = entry
         .versions
         .iter()
-        .filter_map(|(v, s)| match s {
-            VersionState::Unavailable(r) => Some(format!("version {v}: {r}")),
-            VersionState::Ready(_) => None,
+        .map(|(v, s)| match s.state {
+            VersionState::Loading => format!("version {v} is LOADING"),
+            _ => format!("version {v}: {}", s.reason),
         })
         .collect();
     if reasons.is_empty() {

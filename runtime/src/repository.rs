@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use crate::config::proto::{ModelVersionPolicy, model_version_policy::PolicyChoice};
 
@@ -52,24 +53,31 @@ pub fn scan(repositories: &[PathBuf]) -> Result<Vec<ModelDir>, String> {
     Ok(models.into_values().collect())
 }
 
-/// The version numbers present in a model folder, ascending. Folders whose
-/// names are not numbers are ignored, with a log line saying so.
+/// The version numbers present in a model folder, ascending.
 pub fn versions(model: &ModelDir) -> Vec<u64> {
-    let Ok(entries) = std::fs::read_dir(&model.path) else { return Vec::new() };
-    let mut versions: Vec<u64> = entries
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let version = name.parse::<u64>().ok();
-            if version.is_none() && !name.starts_with('.') {
-                tracing::info!(model = %model.name, folder = %name, "ignoring a folder that is not a version number");
-            }
-            version
-        })
-        .collect();
+    let (mut versions, _) = subfolders(model);
     versions.sort_unstable();
     versions
+}
+
+/// The subfolders of a model folder that are not version numbers (and not
+/// hidden): they are ignored, and loading logs them.
+pub fn ignored_folders(model: &ModelDir) -> Vec<String> {
+    subfolders(model).1
+}
+
+fn subfolders(model: &ModelDir) -> (Vec<u64>, Vec<String>) {
+    let (mut versions, mut others) = (Vec::new(), Vec::new());
+    let Ok(entries) = std::fs::read_dir(&model.path) else { return (versions, others) };
+    for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.parse::<u64>() {
+            Ok(v) => versions.push(v),
+            Err(_) if !name.starts_with('.') => others.push(name),
+            Err(_) => {}
+        }
+    }
+    (versions, others)
 }
 
 /// The versions a `version_policy` selects from `available` (ascending).
@@ -89,6 +97,55 @@ pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[u64]) -
 
 fn latest(available: &[u64], n: usize) -> Vec<u64> {
     available[available.len().saturating_sub(n)..].to_vec()
+}
+
+/// The path, size and modification time of every file under a folder: a
+/// change to any file, or a file added or removed, changes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fingerprint(Vec<(PathBuf, u64, Option<SystemTime>)>);
+
+impl Fingerprint {
+    /// Fingerprints the files directly in `dir` (`recursive: false`) or
+    /// every file below it. Unreadable entries are left out.
+    pub fn of(dir: &Path, recursive: bool) -> Fingerprint {
+        let mut files = Vec::new();
+        collect(dir, recursive, &mut files);
+        files.sort();
+        Fingerprint(files)
+    }
+}
+
+fn collect(dir: &Path, recursive: bool, files: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            if recursive {
+                collect(&entry.path(), true, files);
+            }
+        } else {
+            files.push((entry.path(), meta.len(), meta.modified().ok()));
+        }
+    }
+}
+
+/// What a model folder holds, as far as loading is concerned: the files
+/// beside the versions (`config.pbtxt`, the plugin, labels) and each numeric
+/// version folder's files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelFiles {
+    /// Files directly in the model folder.
+    pub top: Fingerprint,
+    /// Each version folder's files, by version.
+    pub versions: BTreeMap<u64, Fingerprint>,
+}
+
+impl ModelFiles {
+    /// Observes `model` as it is on disk now.
+    pub fn observe(model: &ModelDir) -> ModelFiles {
+        let versions = versions(model).into_iter().map(|v| (v, Fingerprint::of(&model.version_path(v), true))).collect();
+        ModelFiles { top: Fingerprint::of(&model.path, false), versions }
+    }
 }
 
 /// Whether `path` is inside a repository folder (used to refuse plugin

@@ -97,6 +97,22 @@ fn colon_before_lists(text: &str) -> String {
     out
 }
 
+/// Parses a model configuration given as JSON (the protobuf JSON mapping of
+/// `ModelConfig`, as Triton's load API and `/config` use: field names as in
+/// `config.pbtxt`, enums as strings).
+///
+/// # Errors
+/// The parser's message, which names the offending field or value.
+pub fn parse_json(text: &str) -> Result<ModelConfig, String> {
+    let desc = DESCRIPTORS
+        .get_message_by_name("inference.ModelConfig")
+        .expect("ModelConfig is in the descriptor set");
+    let mut de = serde_json::Deserializer::from_str(text);
+    let message = DynamicMessage::deserialize(desc, &mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    message.transcode_to::<ModelConfig>().map_err(|e| e.to_string())
+}
+
 /// Reads and parses `<model_dir>/config.pbtxt`. A missing file is an empty
 /// configuration (everything is then taken from the model file).
 ///
@@ -255,6 +271,14 @@ mod tests {
         assert!(err.contains("max_batchsize"), "{err}");
         let err = parse("input [ { name: \"x\" data_type: TYPE_FLOAT } ]").unwrap_err();
         assert!(err.contains("TYPE_FLOAT"), "{err}");
+    }
+
+    #[test]
+    fn json_configs_use_the_same_names() {
+        let c = parse_json(r#"{"name": "m", "max_batch_size": 2, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3, "-1"]}]}"#).unwrap();
+        assert_eq!((c.max_batch_size, c.input[0].dims.clone()), (2, vec![3, -1]));
+        let err = parse_json(r#"{"max_batchsize": 2}"#).unwrap_err();
+        assert!(err.contains("max_batchsize"), "{err}");
     }
 
     #[test]

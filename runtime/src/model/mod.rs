@@ -2,6 +2,7 @@
 //! (plugin preprocess) → checks → backend → (plugin postprocess).
 
 mod check;
+mod warmup;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -73,6 +74,29 @@ impl Model {
             }
         };
         Ok(Model { name: dir.name.clone(), version, config: config.clone(), signature, backend, plugin })
+    }
+
+    /// Runs the configuration's `model_warmup` samples through the backend,
+    /// each `count` times (at least once); returns the number of runs.
+    /// Blocks: call it off the async executor.
+    ///
+    /// # Errors
+    /// A message naming the sample when its inputs cannot be built, do not
+    /// fit the signature, or the backend fails on them.
+    pub fn warm_up(&self, model_dir: &Path) -> Result<usize, String> {
+        let mut runs = 0;
+        for sample in &self.config.model_warmup {
+            let inputs = warmup::sample_inputs(sample, &self.signature, model_dir)?;
+            check_inputs(&self.signature, &self.name, &inputs)
+                .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
+            for _ in 0..sample.count.max(1) {
+                self.backend
+                    .execute(inputs.clone())
+                    .map_err(|e| format!("warm-up sample '{}' failed: {e}", sample.name))?;
+                runs += 1;
+            }
+        }
+        Ok(runs)
     }
 
     /// The platform name for model metadata (`onnxruntime_onnx`).

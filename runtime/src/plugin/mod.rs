@@ -38,7 +38,8 @@ const STDERR_QUOTED: usize = 1024;
 /// Where the plugin sees its model version folder.
 pub const MODEL_MOUNT: &str = "/model";
 
-/// Resource limits applied to every plugin call.
+/// Resource limits applied to every plugin call. The defaults are those of
+/// `plinth serve`: 256 MiB, 2000 ms, one call per core.
 #[derive(Clone, Copy, Debug)]
 pub struct PluginLimits {
     /// Largest linear memory one instance may grow to, in bytes.
@@ -48,6 +49,16 @@ pub struct PluginLimits {
     pub call_timeout: Duration,
     /// Plugin calls that run at the same time, across all models.
     pub concurrency: usize,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits {
+            memory_bytes: 256 << 20,
+            call_timeout: Duration::from_millis(2000),
+            concurrency: std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
 }
 
 /// A raw request handed to a plugin (the body of `/predict`).

@@ -1,4 +1,5 @@
-//! The HTTP server: KServe v2 routes on axum, started by [`serve`].
+//! The HTTP server: KServe v2 routes on axum, started by [`serve`], with
+//! repository polling and graceful shutdown.
 
 mod error;
 mod routes;
@@ -7,14 +8,18 @@ mod v2_json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::backend::onnx::OnnxRuntime;
-use crate::lifecycle;
+use crate::error::Error;
+use crate::lifecycle::{ControlMode, Lifecycle};
 use crate::model::Runtimes;
 use crate::plugin::{PluginHost, PluginLimits};
 use crate::registry::Registry;
@@ -26,6 +31,12 @@ pub use error::ApiError;
 pub struct ServeOptions {
     /// The model repository folders to serve.
     pub model_repositories: Vec<PathBuf>,
+    /// How the loaded models change after start.
+    pub control_mode: ControlMode,
+    /// Poll mode: time between two looks at the repositories.
+    pub repository_poll: Duration,
+    /// Explicit mode: the models to load at start (`*`: all).
+    pub load_models: Vec<String>,
     /// Address the HTTP server binds.
     pub http_address: std::net::IpAddr,
     /// 0 picks a free port (logged at start).
@@ -34,6 +45,8 @@ pub struct ServeOptions {
     pub http_max_body_bytes: usize,
     /// Readiness also requires every model to be READY.
     pub strict_readiness: bool,
+    /// How long accepted requests may take to finish after SIGTERM/SIGINT.
+    pub exit_timeout: Duration,
     /// Path of `libonnxruntime.so` (`ORT_DYLIB_PATH`).
     pub ort_dylib_path: Option<PathBuf>,
     /// Memory, time and concurrency limits of plugin calls.
@@ -46,14 +59,26 @@ pub struct ServeOptions {
 pub struct AppState {
     /// The models and their states.
     pub registry: Arc<Registry>,
-    /// Set once the models present at start have been tried.
+    /// Loads and unloads models.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Set once the start-up loads have been tried.
     pub startup_done: AtomicBool,
+    /// Set at SIGTERM/SIGINT: not ready, no new inference.
+    pub shutting_down: AtomicBool,
+    /// Inference requests accepted and not yet answered.
+    pub in_flight: AtomicUsize,
     /// `--strict-readiness`: ready only when every model is READY.
     pub strict_readiness: bool,
 }
 
 /// The KServe v2 routes.
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    let inference = Router::new()
+        .route("/v2/models/{model}/infer", post(routes::infer))
+        .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
+        .route("/v2/models/{model}/predict", post(routes::predict))
+        .route("/v2/models/{model}/versions/{version}/predict", post(routes::predict))
+        .route_layer(middleware::from_fn_with_state(state.clone(), track_inference));
     Router::new()
         .route("/v2/health/live", get(routes::live))
         .route("/v2/health/ready", get(routes::ready))
@@ -62,64 +87,112 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata))
         .route("/v2/models/{model}/ready", get(routes::model_ready))
         .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready))
-        .route("/v2/models/{model}/infer", post(routes::infer))
-        .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
-        .route("/v2/models/{model}/predict", post(routes::predict))
-        .route("/v2/models/{model}/versions/{version}/predict", post(routes::predict))
         .route("/v2/repository/index", post(routes::repository_index))
+        .route("/v2/repository/models/{model}/load", post(routes::load_model))
+        .route("/v2/repository/models/{model}/unload", post(routes::unload_model))
+        .merge(inference)
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::wrong_method)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
 
+/// Counts inference requests in flight, so shutdown can wait for them, and
+/// refuses new ones once shutdown has begun.
+async fn track_inference(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    state.in_flight.fetch_add(1, Ordering::AcqRel);
+    // Checked after counting, so shutdown never misses a request it let in.
+    let response = if state.shutting_down.load(Ordering::Acquire) {
+        ApiError::from(Error::Unavailable("the server is shutting down".into())).into_response()
+    } else {
+        next.run(request).await
+    };
+    state.in_flight.fetch_sub(1, Ordering::AcqRel);
+    response
+}
+
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
-/// loads every model of the repositories and serves until SIGINT/SIGTERM.
+/// loads the models the control mode asks for, polls the repositories in
+/// poll mode, and serves until SIGTERM/SIGINT. Then readiness turns false,
+/// new inference gets 503, accepted requests finish (up to
+/// `exit_timeout`), and it returns.
 ///
 /// # Errors
-/// A message when ONNX Runtime or wasmtime cannot start, the address cannot
-/// be bound, or a repository cannot be read.
+/// A message when ONNX Runtime or wasmtime cannot start, a repository is
+/// not a folder, or the address cannot be bound.
 pub async fn serve(opts: ServeOptions) -> Result<(), String> {
-    let onnx = OnnxRuntime::init(opts.ort_dylib_path.as_deref())?;
-    let plugins = PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?;
-    let runtimes = Runtimes { onnx, plugins };
     for repo in &opts.model_repositories {
         if !repo.is_dir() {
             return Err(format!("model repository {} is not a folder", repo.display()));
         }
     }
-
+    let runtimes = Runtimes {
+        onnx: OnnxRuntime::init(opts.ort_dylib_path.as_deref())?,
+        plugins: PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?,
+    };
     let registry = Arc::new(Registry::default());
-    let state = Arc::new(AppState { registry: registry.clone(), startup_done: AtomicBool::new(false), strict_readiness: opts.strict_readiness });
+    let lifecycle = Arc::new(Lifecycle::new(runtimes, registry.clone(), opts.model_repositories.clone(), opts.control_mode));
+    let state = Arc::new(AppState {
+        registry,
+        lifecycle: lifecycle.clone(),
+        startup_done: AtomicBool::new(false),
+        shutting_down: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+        strict_readiness: opts.strict_readiness,
+    });
+
     let addr = SocketAddr::new(opts.http_address, opts.http_port);
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("HTTP server listening on {local}");
 
-    let loading = {
-        let state = state.clone();
-        let repos = opts.model_repositories.clone();
-        tokio::task::spawn_blocking(move || {
-            let result = lifecycle::load_all(&repos, &runtimes, &registry);
-            state.startup_done.store(true, Ordering::Release);
-            result.map(|()| runtimes)
-        })
-    };
-    let app = router(state, opts.http_max_body_bytes);
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
-    let server = tokio::spawn(async move { server.await });
-    // Keep the runtimes alive for as long as the server runs.
-    let _runtimes = loading.await.map_err(|e| format!("model loading panicked: {e}"))??;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = router(state.clone(), opts.http_max_body_bytes);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async { http_stopped.await.unwrap_or(()) }).await
+    });
+    let background = tokio::spawn(start_and_poll(state.clone(), opts.clone()));
+
+    shutdown_signal().await;
+    state.shutting_down.store(true, Ordering::Release);
+    tracing::info!("shutting down: not ready, refusing new inference, finishing accepted requests");
+    background.abort();
+    let deadline = Instant::now() + opts.exit_timeout;
+    while state.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let unfinished = state.in_flight.load(Ordering::Acquire);
+    if unfinished > 0 {
+        tracing::warn!(unfinished, "exit timeout reached with requests still running");
+    }
+    let _ = stop_http.send(());
+    server.await.map_err(|e| e.to_string())?.map_err(|e| format!("HTTP server failed: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The start-up loads, then (poll mode) a look at the repositories every
+/// poll interval.
+async fn start_and_poll(state: Arc<AppState>, opts: ServeOptions) {
+    if let Err(e) = state.lifecycle.start(&opts.load_models).await {
+        tracing::error!("{e}");
+    }
+    state.startup_done.store(true, Ordering::Release);
     tracing::info!("start-up loading finished");
-    server.await.map_err(|e| e.to_string())?.map_err(|e| format!("HTTP server failed: {e}"))
+    if opts.control_mode == ControlMode::Poll {
+        let mut ticks = tokio::time::interval(opts.repository_poll);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            state.lifecycle.poll().await;
+        }
+    }
 }
 
 async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
-        _ = ctrl_c => {},
+        _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
-    tracing::info!("shutting down");
 }

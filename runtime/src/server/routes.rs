@@ -17,6 +17,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::v2_json::{InferRequest, InferResponse, ModelMetadata, OutputTensor, TensorMetadata};
 use crate::error::Error;
+use crate::lifecycle::ControlMode;
 use crate::model::Model;
 use crate::plugin::RawRequest;
 
@@ -59,9 +60,10 @@ pub async fn live() -> StatusCode {
 }
 
 /// `GET /v2/health/ready`: 200 once the start-up loads have finished and,
-/// with `--strict-readiness`, every model is READY; 503 before.
+/// with `--strict-readiness`, every model that should be loaded is READY;
+/// 503 before, and from the moment shutdown begins.
 pub async fn ready(State(state): State<Arc<AppState>>) -> StatusCode {
-    let loaded = state.startup_done.load(Ordering::Acquire);
+    let loaded = state.startup_done.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire);
     if loaded && (!state.strict_readiness || state.registry.all_ready()) {
         StatusCode::OK
     } else {
@@ -74,7 +76,7 @@ pub async fn server_metadata() -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "name": "plinth",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": [],
+        "extensions": ["model_repository"],
     }))
 }
 
@@ -155,6 +157,46 @@ pub async fn repository_index(State(state): State<Arc<AppState>>, body: Bytes) -
     };
     let rows: Vec<_> = state.registry.index().into_iter().filter(|r| !ready_only || r.state == "READY").collect();
     Ok(Json(serde_json::to_value(rows).expect("index rows serialise")))
+}
+
+/// `POST /v2/repository/models/{m}/load` (explicit mode): loads the model,
+/// or reloads what changed; an optional body `{"parameters": {"config":
+/// "<JSON model configuration>"}}` overrides `config.pbtxt`. 200 once every
+/// selected version is READY; 400 with every failure's reason otherwise
+/// (versions that were serving keep serving).
+pub async fn load_model(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+    explicit_mode(&state)?;
+    let config = if body.is_empty() {
+        None
+    } else {
+        let request: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("malformed load request JSON: {e}")))?;
+        match request.pointer("/parameters/config") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(object @ serde_json::Value::Object(_)) => Some(object.to_string()),
+            Some(other) => return Err(ApiError::bad_request(format!("parameter 'config' must be a JSON model configuration, got {other}"))),
+        }
+    };
+    state.lifecycle.load(&name, config).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already
+/// accepted finish; later ones get 503.
+pub async fn unload_model(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    explicit_mode(&state)?;
+    state.lifecycle.unload(&name).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+fn explicit_mode(state: &AppState) -> Result<(), ApiError> {
+    match state.lifecycle.mode() {
+        ControlMode::Explicit => Ok(()),
+        mode => Err(ApiError::bad_request(format!(
+            "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
+        ))),
+    }
 }
 
 /// Any other path.

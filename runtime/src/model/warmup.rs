@@ -1,0 +1,110 @@
+//! Warm-up from `model_warmup` in `config.pbtxt` (Triton's semantics): each
+//! sample runs `count` times through the backend before the version is
+//! READY, so the first real request does not pay for lazy initialisation.
+
+use std::path::Path;
+
+use crate::config::proto::ModelWarmup;
+use crate::config::proto::model_warmup::Input;
+use crate::config::proto::model_warmup::input::InputDataType;
+use crate::config::{Signature, datatype_from_config};
+use crate::tensor::{DataType, Tensor, element_count, push_bytes_element};
+
+/// The folder, inside the model folder, that holds `input_data_file`s.
+pub const WARMUP_DIR: &str = "warmup";
+
+/// Builds the input tensors of one warm-up sample. With `max_batch_size >
+/// 0` each input gets a leading batch dimension of `batch_size` (at least 1).
+///
+/// # Errors
+/// A message naming the sample and input for an invalid `data_type`, a
+/// negative dimension, or a data file that is missing or of the wrong size.
+pub fn sample_inputs(sample: &ModelWarmup, sig: &Signature, model_dir: &Path) -> Result<Vec<Tensor>, String> {
+    let mut inputs = Vec::new();
+    for (name, input) in &sample.inputs {
+        let fail = |m: String| format!("warm-up sample '{}', input '{name}': {m}", sample.name);
+        let datatype = datatype_from_config(input.data_type).ok_or_else(|| fail("no valid data_type".into()))?;
+        if input.dims.iter().any(|&d| d < 0) {
+            return Err(fail(format!("dims {:?} must all be >= 0", input.dims)));
+        }
+        let mut shape = input.dims.clone();
+        if sig.max_batch_size > 0 {
+            shape.insert(0, i64::from(sample.batch_size.max(1)));
+        }
+        let data = sample_data(input, datatype, element_count(&shape), model_dir).map_err(fail)?;
+        inputs.push(Tensor { name: name.clone(), datatype, shape, data });
+    }
+    Ok(inputs)
+}
+
+fn sample_data(input: &Input, datatype: DataType, count: usize, model_dir: &Path) -> Result<Vec<u8>, String> {
+    let size = datatype.element_size();
+    match &input.input_data_type {
+        None | Some(InputDataType::ZeroData(_)) => Ok(match size {
+            Some(size) => vec![0; count * size],
+            None => std::iter::repeat_n([0u8; 4], count).flatten().collect(),
+        }),
+        Some(InputDataType::RandomData(_)) => Ok(match size {
+            // Random bytes for integers; floats stay in [0, 1) so no NaN or
+            // infinity reaches the model.
+            Some(4) if datatype == DataType::Fp32 => (0..count).flat_map(|_| fastrand::f32().to_le_bytes()).collect(),
+            Some(8) if datatype == DataType::Fp64 => (0..count).flat_map(|_| fastrand::f64().to_le_bytes()).collect(),
+            Some(_) if matches!(datatype, DataType::Fp16 | DataType::Bf16) => vec![0; count * 2],
+            Some(size) => (0..count * size).map(|_| fastrand::u8(..)).collect(),
+            None => {
+                let mut data = Vec::new();
+                for _ in 0..count {
+                    let item: Vec<u8> = (0..fastrand::usize(1..8)).map(|_| fastrand::alphanumeric() as u8).collect();
+                    push_bytes_element(&mut data, &item);
+                }
+                data
+            }
+        }),
+        Some(InputDataType::InputDataFile(file)) => {
+            let path = model_dir.join(WARMUP_DIR).join(file);
+            let data = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if let Some(size) = size
+                && data.len() != count * size
+            {
+                return Err(format!("{} has {} bytes; the shape needs {}", path.display(), data.len(), count * size));
+            }
+            Ok(data)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    #[test]
+    fn samples_get_the_batch_dimension_and_their_data() {
+        let config = parse(
+            r#"max_batch_size: 4
+            model_warmup [ { name: "z" batch_size: 2 count: 3
+              inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 3 ] random_data: true } }
+              inputs { key: "s" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]"#,
+        )
+        .unwrap();
+        let sig = Signature { max_batch_size: 4, inputs: vec![], outputs: vec![] };
+        let mut inputs = sample_inputs(&config.model_warmup[0], &sig, Path::new("/nonexistent")).unwrap();
+        inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(inputs[0].shape, vec![2, 1]);
+        assert_eq!(inputs[0].data, vec![0; 8], "two empty strings");
+        assert_eq!(inputs[1].shape, vec![2, 3]);
+        assert!(inputs[1].check_data().is_ok());
+        assert!(inputs[1].data.chunks(4).all(|c| (0.0..1.0).contains(&f32::from_le_bytes(c.try_into().unwrap()))));
+    }
+
+    #[test]
+    fn a_missing_data_file_names_the_sample_and_input() {
+        let config = parse(
+            r#"model_warmup [ { name: "f" inputs { key: "x" value: { data_type: TYPE_INT32 dims: [ 2 ] input_data_file: "x.bin" } } } ]"#,
+        )
+        .unwrap();
+        let sig = Signature { max_batch_size: 0, inputs: vec![], outputs: vec![] };
+        let err = sample_inputs(&config.model_warmup[0], &sig, Path::new("/nonexistent")).unwrap_err();
+        assert!(err.contains("sample 'f', input 'x'") && err.contains("x.bin"), "{err}");
+    }
+}
