@@ -16,6 +16,8 @@ test: setup
 	cargo test --release --workspace --all-features
 	.venv/bin/python -m pytest -q tests/python
 
-# Latency of /predict against the same pipeline in Python (bench/).
+# Benchmarks (bench/): /predict against the same pipeline in Python, and
+# latency and failures while versions are swapped under load.
 bench: setup
 	.venv/bin/python bench/ocr_predict.py
+	.venv/bin/python bench/hot_swap.py

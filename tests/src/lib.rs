@@ -38,7 +38,23 @@ pub fn copy_example_model(name: &str, repo: &Path) {
     copy_dir(&example_repository().join(name), &repo.join(name));
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+/// Adds model `faulty` to `repo`: the ocr_cls network behind the test plugin
+/// that traps, loops, over-allocates or sleeps on request (`plugins/faulty`).
+pub fn add_faulty_model(repo: &Path) {
+    let faulty = repo.join("faulty");
+    std::fs::create_dir_all(faulty.join("1")).unwrap();
+    std::fs::copy(example_repository().join("ocr_cls/1/model.onnx"), faulty.join("1/model.onnx")).unwrap();
+    std::fs::copy(built_plugin("faulty.wasm"), faulty.join("faulty.wasm")).unwrap();
+    std::fs::write(
+        faulty.join("config.pbtxt"),
+        r#"max_batch_size: 1
+parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
+    )
+    .unwrap();
+}
+
+/// Copies a folder and everything in it.
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e} (run `make setup`)", from.display())) {
         let entry = entry.unwrap();
@@ -126,6 +142,31 @@ impl Server {
     /// POST raw bytes with a content type to `path`.
     pub fn post_bytes(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
         reply(client().post(self.url(path)).header("content-type", content_type).body(body).send())
+    }
+}
+
+impl Server {
+    /// Sends SIGTERM, as an orchestrator stopping the pod would.
+    pub fn terminate(&self) {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "plinth did not exit in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// How many log lines contain `text`.
+    pub fn log_count(&self, text: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(text)).count()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use plinth_tests::{Server, built_plugin, copy_example_model, example_repository, fixture};
+use plinth_tests::{Server, add_faulty_model, copy_example_model, example_repository, fixture};
 use serde_json::{Value, json};
 
 fn error_of(body: &Value) -> &str {
@@ -65,20 +65,10 @@ fn bad_requests_get_400_or_404_with_the_reason() {
     assert_still_serving(&server);
 }
 
-/// A repository with the example models plus `faulty`: the ocr_cls network
-/// behind the test plugin that traps, loops or over-allocates on request.
+/// A repository with ocr_rec and the `faulty` test model.
 fn repository_with_faulty_plugin(repo: &Path) {
     copy_example_model("ocr_rec", repo);
-    let faulty = repo.join("faulty");
-    std::fs::create_dir_all(faulty.join("1")).unwrap();
-    std::fs::copy(example_repository().join("ocr_cls/1/model.onnx"), faulty.join("1/model.onnx")).unwrap();
-    std::fs::copy(built_plugin("faulty.wasm"), faulty.join("faulty.wasm")).unwrap();
-    std::fs::write(
-        faulty.join("config.pbtxt"),
-        r#"max_batch_size: 1
-parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
-    )
-    .unwrap();
+    add_faulty_model(repo);
 }
 
 #[test]

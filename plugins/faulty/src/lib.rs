@@ -1,10 +1,10 @@
 //! A plugin that misbehaves on request, so tests can check that the host
-//! contains it. The request body selects the behaviour:
-//! `trap` panics, `loop` never returns, `alloc` asks for 1 GiB,
-//! `bad` returns a bad-input error, `sandbox` reports what the plugin can
-//! reach (as the message of a bad-input error, JSON); anything else yields a
-//! zero-filled input tensor (variable dimensions set to 1) and the default
-//! JSON postprocess.
+//! contains it. The request body selects the behaviour: `trap` panics,
+//! `loop` never returns, `alloc` asks for 1 GiB, `slow` answers like `ok`
+//! after 400 ms, `bad` returns a bad-input error, `sandbox` reports what the
+//! plugin can reach (as the message of a bad-input error, JSON); anything
+//! else yields a zero-filled input tensor (variable dimensions set to 1) and
+//! the default JSON postprocess.
 
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Tensor, export_plugin};
 
@@ -29,6 +29,10 @@ impl Plugin for Faulty {
                 Err(Error::internal("allocated 1 GiB, which the host should have refused"))
             }
             b"bad" => Err(Error::bad_input("deliberate bad input")),
+            b"slow" => {
+                std::thread::sleep(std::time::Duration::from_millis(400));
+                Ok(vec![self.zero_input()?])
+            }
             b"sandbox" => Err(Error::bad_input(sandbox_report().to_string())),
             _ => Ok(vec![self.zero_input()?]),
         }

@@ -125,7 +125,7 @@ fn model_io(name: &str, dtype: &ValueType) -> ModelIo {
         ValueType::Tensor { ty, shape, .. } => ModelIo {
             name: name.to_owned(),
             datatype: datatype_from_ort(*ty),
-            type_name: format!("tensor({ty})"),
+            type_name: format!("tensor of {ty}"),
             shape: shape.to_vec(),
         },
         other => ModelIo { name: name.to_owned(), datatype: None, type_name: other.to_string(), shape: Vec::new() },

@@ -43,10 +43,8 @@ fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, 
 fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Result<(), String> {
     let name = &spec.name;
     if io.datatype != Some(spec.datatype) {
-        return Err(format!(
-            "{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model has {}",
-            spec.datatype, io.type_name
-        ));
+        let actual = io.datatype.map_or_else(|| io.type_name.clone(), |d| d.name().to_owned());
+        return Err(format!("{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model's {kind} is {actual}", spec.datatype));
     }
     let model_dims = if batch {
         match io.shape.first() {
@@ -159,7 +157,7 @@ mod tests {
         let mut wrong_type = sig(&[3, 48, -1], 8);
         wrong_type.inputs[0].datatype = DataType::Int64;
         let err = complete_and_check(&mut wrong_type, &model, &[]).unwrap_err();
-        assert!(err.contains("INT64") && err.contains("tensor(float)"), "{err}");
+        assert!(err.contains("says data_type INT64, but the model's input is FP32"), "{err}");
 
         let mut renamed = sig(&[3, 48, -1], 8);
         renamed.inputs[0].name = "image".into();

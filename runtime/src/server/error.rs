@@ -38,7 +38,7 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if self.status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::warn!(status = self.status.as_u16(), "{}", self.message);
         } else {
             tracing::debug!(status = self.status.as_u16(), "{}", self.message);

@@ -1,0 +1,222 @@
+//! Replacing, breaking and removing models while traffic flows: hot swap in
+//! poll mode, failed loads in explicit mode, half-copied files, unload and
+//! shutdown with requests in flight.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use plinth_tests::{Server, add_faulty_model, copy_dir, copy_example_model, example_repository, fixture};
+use serde_json::{Value, json};
+
+/// An unversioned `/infer` on ocr_cls with a zero image: `(status, version
+/// that answered, class probabilities)`.
+fn infer_cls(server: &Server) -> (u16, String, Vec<f64>) {
+    let request = json!({"inputs": [{"name": "x", "shape": [1, 3, 48, 192], "datatype": "FP32", "data": vec![0.0f32; 3 * 48 * 192]}]});
+    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &request);
+    let version = body["model_version"].as_str().unwrap_or_default().to_owned();
+    let probs = body["outputs"][0]["data"].as_array().map_or_else(Vec::new, |a| a.iter().map(|v| v.as_f64().unwrap()).collect());
+    (status, version, probs)
+}
+
+fn index_row(server: &Server, model: &str, version: &str) -> Option<Value> {
+    let (_, index) = server.post_json("/v2/repository/index", &json!({}));
+    let same_version = |r: &Value| r["version"].as_str().unwrap_or_default() == version;
+    index.as_array().unwrap().iter().find(|r| r["name"] == model && same_version(r)).cloned()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn poll_mode_swaps_versions_under_load_without_a_failed_request() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_cls", repo.path());
+    let server = Server::start(repo.path(), &["--model-control-mode", "poll", "--repository-poll-secs", "1"]);
+    let (_, v1, reference) = infer_cls(&server);
+    assert_eq!(v1, "1");
+
+    let stop = AtomicBool::new(false);
+    // (sent, received, status, version) of every unversioned request.
+    let answers = Mutex::new(Vec::new());
+    let mut last_not_ready_sent = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                let (status, version, probs) = infer_cls(&server);
+                assert!(status != 200 || probs == reference, "a wrong answer from version {version}: {probs:?}");
+                answers.lock().unwrap().push((sent, Instant::now(), status, version));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        copy_dir(&repo.path().join("ocr_cls/1"), &repo.path().join("ocr_cls/2"));
+        wait_until("version 2 is ready", Duration::from_secs(30), || {
+            let sent = Instant::now();
+            let ready = server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200;
+            if !ready {
+                last_not_ready_sent = sent;
+            }
+            ready
+        });
+        wait_until("version 1 is unloaded", Duration::from_secs(30), || index_row(&server, "ocr_cls", "1").is_none());
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+    });
+
+    let answers = answers.into_inner().unwrap();
+    let failed = answers.iter().filter(|a| a.2 != 200).count();
+    assert_eq!(failed, 0, "{failed} of {} requests failed during the swap", answers.len());
+    let first_v2 = answers.iter().find(|a| a.3 == "2").expect("traffic reached version 2");
+    assert!(first_v2.1 > last_not_ready_sent, "version 2 answered before its ready route said READY");
+    assert!(answers.iter().any(|a| a.3 == "1"), "version 1 served before the swap");
+    assert_eq!(server.get("/v2/models/ocr_cls/versions/1/ready").0, 404, "version 1 is gone after the swap");
+    assert_eq!(infer_cls(&server).1, "2");
+}
+
+#[test]
+fn a_broken_new_version_fails_every_load_and_the_old_one_keeps_answering() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_cls", repo.path());
+    let server = Server::start(repo.path(), &["--model-control-mode", "explicit", "--load-model", "ocr_cls"]);
+    std::fs::create_dir_all(repo.path().join("ocr_cls/2")).unwrap();
+    std::fs::write(repo.path().join("ocr_cls/2/model.onnx"), b"this is not an ONNX model").unwrap();
+
+    for attempt in 1..=3 {
+        let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({}));
+        assert_eq!(status, 400, "attempt {attempt}: {body}");
+        let msg = body["error"].as_str().unwrap();
+        assert!(msg.contains("version 2") && msg.contains("model.onnx"), "attempt {attempt}: {msg}");
+        let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+        assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "attempt {attempt}: {answer}");
+        let row = index_row(&server, "ocr_cls", "2").unwrap();
+        assert_eq!(row["state"], "UNAVAILABLE");
+        assert!(row["reason"].as_str().unwrap().contains("model.onnx"), "{row}");
+        assert_eq!(index_row(&server, "ocr_cls", "1").unwrap()["state"], "READY");
+    }
+    assert_eq!(server.log_count("load: start"), 1 + 3, "version 1 once, version 2 at every attempt");
+}
+
+#[test]
+fn an_unchanged_model_is_not_reloaded_and_a_config_override_is_applied() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_cls", repo.path());
+    let server = Server::start(repo.path(), &["--model-control-mode", "explicit"]);
+    assert_eq!(server.get("/v2/models/ocr_cls/ready").0, 503, "explicit mode loads nothing unasked");
+    assert_eq!(server.get("/v2/health/ready").0, 200, "nothing was asked for, so nothing is missing");
+
+    for _ in 0..2 {
+        let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({}));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(server.log_count("load: start"), 1, "the second load found nothing changed");
+
+    let config = json!({"max_batch_size": 2, "parameters": {"plugin": {"string_value": "ocr_cls.wasm"}}}).to_string();
+    let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": config}}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(server.log_count("load: start"), 2, "a new configuration reloads");
+    let (_, meta) = server.get("/v2/models/ocr_cls");
+    assert_eq!(meta["inputs"][0]["shape"], json!([-1, 3, -1, -1]), "inputs completed from the model file: {meta}");
+
+    let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": "{\"max_batchsize\": 2}"}}));
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().contains("max_batchsize"), "{body}");
+    assert_eq!(server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png")).1["angle"], 180);
+
+    let (status, body) = server.post_json("/v2/repository/models/no_such_model/load", &json!({}));
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().contains("no_such_model"), "{body}");
+}
+
+#[test]
+fn load_and_unload_are_refused_outside_explicit_mode() {
+    let server = Server::start(&example_repository(), &[]);
+    let (status, body) = server.post_json("/v2/repository/models/ocr_cls/unload", &json!({}));
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().contains("--model-control-mode=explicit"), "{body}");
+    let (_, meta) = server.get("/v2");
+    assert_eq!(meta["extensions"], json!(["model_repository"]));
+}
+
+#[test]
+fn a_slowly_copied_version_is_never_served_half_written() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_cls", repo.path());
+    let poll = Duration::from_secs(1);
+    let server = Server::start(repo.path(), &["--model-control-mode", "poll", "--repository-poll-secs", "1"]);
+    let model = std::fs::read(repo.path().join("ocr_cls/1/model.onnx")).unwrap();
+    std::fs::create_dir_all(repo.path().join("ocr_cls/2")).unwrap();
+    let mut file = std::fs::File::create(repo.path().join("ocr_cls/2/model.onnx")).unwrap();
+    let chunks: Vec<&[u8]> = model.chunks(model.len() / 4 + 1).collect();
+    let (last, first) = chunks.split_last().unwrap();
+    for chunk in first {
+        file.write_all(chunk).unwrap();
+        file.flush().unwrap();
+        let pause = Instant::now();
+        while pause.elapsed() < poll + Duration::from_millis(500) {
+            assert_ne!(server.get("/v2/models/ocr_cls/versions/2/ready").0, 200, "a half-written version 2 is READY");
+            let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+            assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "{answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    file.write_all(last).unwrap();
+    drop(file);
+    let complete = Instant::now();
+    wait_until("version 2 is ready", Duration::from_secs(30), || server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200);
+    let took = complete.elapsed();
+    assert!(took < 2 * poll + Duration::from_millis(1500), "READY {took:?} after the copy finished");
+}
+
+#[test]
+fn unload_lets_accepted_requests_finish_and_refuses_later_ones() {
+    let repo = tempfile::tempdir().unwrap();
+    add_faulty_model(repo.path());
+    let server = Server::start(repo.path(), &["--model-control-mode", "explicit", "--load-model", "*"]);
+    std::thread::scope(|s| {
+        let slow = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec()));
+        std::thread::sleep(Duration::from_millis(150));
+        let (status, body) = server.post_json("/v2/repository/models/faulty/unload", &json!({}));
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
+        assert_eq!(status, 503, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("unloaded"), "{body}");
+        let row = index_row(&server, "faulty", "1").expect("the unloaded version drains");
+        assert_eq!(row["state"], "UNLOADING");
+        let (status, answer) = slow.join().unwrap();
+        assert_eq!(status, 200, "the request accepted before the unload completes: {answer}");
+        assert_eq!(answer["outputs"][0]["shape"], json!([1, 2]));
+    });
+    wait_until("the drained version is gone", Duration::from_secs(10), || index_row(&server, "faulty", "1").is_none());
+    let row = index_row(&server, "faulty", "").unwrap();
+    assert_eq!((row["state"].as_str(), row["reason"].as_str()), (Some("UNAVAILABLE"), Some("unloaded")));
+}
+
+#[test]
+fn sigterm_finishes_accepted_requests_and_exits_cleanly() {
+    let repo = tempfile::tempdir().unwrap();
+    add_faulty_model(repo.path());
+    copy_example_model("ocr_rec", repo.path());
+    let mut server = Server::start(repo.path(), &[]);
+    std::thread::scope(|s| {
+        let slow = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec()));
+        std::thread::sleep(Duration::from_millis(150));
+        server.terminate();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(server.get("/v2/health/ready").0, 503, "not ready 100 ms after SIGTERM");
+        let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_hello.png"));
+        assert_eq!(status, 503, "new inference is refused while draining: {body}");
+        let (status, answer) = slow.join().unwrap();
+        assert_eq!(status, 200, "the accepted request completes: {answer}");
+    });
+    let exit = server.wait_exit(Duration::from_secs(10));
+    assert!(exit.success(), "exit status {exit}");
+    assert!(server.log().contains("stopped"));
+}
