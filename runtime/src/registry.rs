@@ -35,8 +35,8 @@ pub struct Slot {
 pub struct ModelEntry {
     /// The versions tried, by number.
     pub versions: BTreeMap<u64, Slot>,
-    /// Why the model has no version to try (a `config.pbtxt` that does not
-    /// parse, an unload), if so.
+    /// Why the model could not be (re)loaded as a whole the last time it was
+    /// tried (a `config.pbtxt` that does not parse, an unload), if so.
     pub error: Option<String>,
     /// Whether the server should serve this model: it counts for readiness.
     pub wanted: bool,
@@ -105,14 +105,10 @@ impl Registry {
         });
     }
 
-    /// Records why `name` cannot be loaded at all. Versions that are READY
-    /// keep serving; only a model with none shows the error.
+    /// Records why `name` cannot be loaded (now). Versions that are READY
+    /// keep serving; the index shows the reason beside them.
     pub fn fail_model(&self, name: &str, reason: &str) {
-        self.update(name, |e| {
-            if e.ready().next().is_none() {
-                e.error = Some(reason.to_owned());
-            }
-        });
+        self.update(name, |e| e.error = Some(reason.to_owned()));
     }
 
     /// Version `version` of `name` starts loading. A READY version stays

@@ -3,7 +3,6 @@
 //! shutdown with requests in flight.
 
 use std::io::Write;
-use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -199,13 +198,41 @@ fn unload_lets_accepted_requests_finish_and_refuses_later_ones() {
     assert_eq!((row["state"].as_str(), row["reason"].as_str()), (Some("UNAVAILABLE"), Some("unloaded")));
 }
 
+/// Reads the hello line until the server stops answering; every answer must
+/// be the right text or a 503 "shutting down"; returns how many were right.
+fn read_until_refused(base: &str) -> usize {
+    let client = reqwest::blocking::Client::new();
+    let mut correct = 0;
+    loop {
+        let sent = client
+            .post(format!("{base}/v2/models/ocr_rec/predict"))
+            .header("content-type", "image/png")
+            .body(fixture("line_hello.png"))
+            .send();
+        let Ok(response) = sent else { return correct };
+        let status = response.status().as_u16();
+        let body: Value = response.json().unwrap();
+        match status {
+            200 => assert_eq!(body["text"], "Hello World"),
+            503 => {
+                assert!(body["error"].as_str().unwrap().contains("shutting down"), "{body}");
+                return correct;
+            }
+            _ => panic!("status {status}: {body}"),
+        }
+        correct += 1;
+    }
+}
+
 #[test]
 fn sigterm_finishes_accepted_requests_and_exits_cleanly() {
     let repo = tempfile::tempdir().unwrap();
     add_faulty_model(repo.path());
     copy_example_model("ocr_rec", repo.path());
     let mut server = Server::start(repo.path(), &[]);
+    let base = server.url("");
     std::thread::scope(|s| {
+        let readers: Vec<_> = (0..3).map(|_| s.spawn(|| read_until_refused(&base))).collect();
         let slow = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec()));
         std::thread::sleep(Duration::from_millis(150));
         server.terminate();
@@ -215,8 +242,40 @@ fn sigterm_finishes_accepted_requests_and_exits_cleanly() {
         assert_eq!(status, 503, "new inference is refused while draining: {body}");
         let (status, answer) = slow.join().unwrap();
         assert_eq!(status, 200, "the accepted request completes: {answer}");
+        for reader in readers {
+            assert!(reader.join().unwrap() > 0, "traffic flowed before the signal");
+        }
     });
     let exit = server.wait_exit(Duration::from_secs(10));
     assert!(exit.success(), "exit status {exit}");
     assert!(server.log().contains("stopped"));
+}
+
+#[test]
+fn polling_reports_a_broken_config_and_picks_up_the_fix() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_cls", repo.path());
+    let server = Server::start(repo.path(), &["--model-control-mode", "poll", "--repository-poll-secs", "1"]);
+    let config = repo.path().join("ocr_cls/config.pbtxt");
+    let good = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, good.replace("max_batch_size: 8", "max_batch_size: 8\nwarmup_count: 3")).unwrap();
+    wait_until("the parse error is in the index", Duration::from_secs(10), || {
+        index_row(&server, "ocr_cls", "").is_some_and(|r| r["reason"].as_str().unwrap().contains("warmup_count"))
+    });
+    let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+    assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "version 1 keeps serving: {answer}");
+
+    let warm = good.replace(
+        "max_batch_size: 8",
+        r#"max_batch_size: 8
+model_warmup [ { name: "zeros" batch_size: 2 count: 3
+  inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 3, 48, 192 ] zero_data: true } } } ]"#,
+    );
+    std::fs::write(&config, warm).unwrap();
+    wait_until("the fixed configuration is loaded and warmed up", Duration::from_secs(10), || {
+        server.log_count("load: ready") == 2
+    });
+    assert!(server.log().lines().any(|l| l.contains("load: warm-up done") && l.contains("runs=3")), "{}", server.log());
+    assert!(index_row(&server, "ocr_cls", "").is_none(), "the error is gone");
+    assert_eq!(index_row(&server, "ocr_cls", "1").unwrap()["state"], "READY");
 }
