@@ -11,12 +11,10 @@ use image::RgbImage;
 /// [`Error::BadInput`] naming the problem when the body is not a decodable
 /// PNG or JPEG image.
 pub fn decode_rgb(body: &[u8]) -> Result<RgbImage, Error> {
-    let format = image::guess_format(body)
-        .map_err(|_| Error::bad_input("the request body is not a PNG or JPEG image"))?;
+    let format =
+        image::guess_format(body).map_err(|_| Error::bad_input("the request body is not a PNG or JPEG image"))?;
     if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg) {
-        return Err(Error::bad_input(format!(
-            "the request body is a {format:?} image; expected PNG or JPEG"
-        )));
+        return Err(Error::bad_input(format!("the request body is a {format:?} image; expected PNG or JPEG")));
     }
     let img = image::load_from_memory_with_format(body, format)
         .map_err(|e| Error::bad_input(format!("cannot decode the {format:?} image: {e}")))?;

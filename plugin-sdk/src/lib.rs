@@ -43,9 +43,7 @@ pub mod bindings {
 pub mod imaging;
 mod tensor;
 
-pub use bindings::plinth::plugin::types::{
-    Datatype, Error, ModelInfo, Request, Response, Tensor, TensorSpec,
-};
+pub use bindings::plinth::plugin::types::{Datatype, Error, ModelInfo, Request, Response, Tensor, TensorSpec};
 pub use tensor::Element;
 
 /// What a plugin implements. One value of the implementing type lives in each
@@ -68,9 +66,7 @@ pub trait Plugin: Sized + 'static {
     /// The default refuses every request: a plugin that only postprocesses
     /// is used through `/infer`-style tensors.
     fn preprocess(&mut self, _req: &Request) -> Result<Vec<Tensor>, Error> {
-        Err(Error::BadInput(
-            "this model's plugin does not preprocess raw requests".into(),
-        ))
+        Err(Error::BadInput("this model's plugin does not preprocess raw requests".into()))
     }
 
     /// Turns the model's output tensors into the answer.
@@ -187,7 +183,7 @@ macro_rules! export_plugin {
                 }
             }
 
-            $crate::__private::bindings::__export_plugin_world!(Export with_types_in $crate::__private::bindings);
+    $crate::__private::bindings::__export_plugin_world!(Export with_types_in $crate::__private::bindings);
         };
     };
 }

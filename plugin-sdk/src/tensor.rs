@@ -146,11 +146,9 @@ impl Tensor {
             Datatype::Int64 => json_values::<i64>(self)?,
             Datatype::Fp32 => json_values::<f32>(self)?,
             Datatype::Fp64 => json_values::<f64>(self)?,
-            Datatype::Bytes => self
-                .to_bytes_elements()?
-                .into_iter()
-                .map(|b| String::from_utf8_lossy(&b).into_owned().into())
-                .collect(),
+            Datatype::Bytes => {
+                self.to_bytes_elements()?.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned().into()).collect()
+            }
             Datatype::Fp16 | Datatype::Bf16 => {
                 return Err(Error::internal(format!(
                     "tensor '{}' is {:?}, which has no JSON form",

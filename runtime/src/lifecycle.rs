@@ -74,7 +74,12 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// A lifecycle over `repositories` that records states in `registry`.
-    pub fn new(runtimes: Runtimes, registry: Arc<Registry>, repositories: Vec<PathBuf>, mode: ControlMode) -> Lifecycle {
+    pub fn new(
+        runtimes: Runtimes,
+        registry: Arc<Registry>,
+        repositories: Vec<PathBuf>,
+        mode: ControlMode,
+    ) -> Lifecycle {
         let runtimes = Arc::new(runtimes);
         Lifecycle { runtimes, registry, repositories, mode, records: Mutex::default(), observed: Mutex::default() }
     }
@@ -94,11 +99,8 @@ impl Lifecycle {
     pub async fn start(&self, load_models: &[String]) -> Result<(), String> {
         let dirs = repository::scan(&self.repositories)?;
         let all = self.mode != ControlMode::Explicit || load_models.iter().any(|m| m == "*");
-        let wanted: Vec<String> = if all {
-            dirs.iter().map(|d| d.name.clone()).collect()
-        } else {
-            load_models.to_vec()
-        };
+        let wanted: Vec<String> =
+            if all { dirs.iter().map(|d| d.name.clone()).collect() } else { load_models.to_vec() };
         for dir in &dirs {
             if !wanted.contains(&dir.name) {
                 self.registry.add_unloaded(&dir.name);
@@ -163,7 +165,8 @@ impl Lifecycle {
         let available: Vec<u64> = files.versions.keys().copied().collect();
         let targets = repository::select_versions(config.version_policy.as_ref(), &available);
         if targets.is_empty() {
-            let reason = format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
+            let reason =
+                format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
             self.registry.fail_model(name, &reason);
             tracing::error!(model = %name, "cannot load: {reason}");
             return Err(reason);
@@ -280,7 +283,8 @@ impl Lifecycle {
 /// The model's configuration: the JSON override, or `config.pbtxt`.
 fn model_config(dir: &ModelDir, config_json: Option<&str>) -> Result<ModelConfig, String> {
     let config = match config_json {
-        Some(json) => config::parse_json(json).map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}"))?,
+        Some(json) => config::parse_json(json)
+            .map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}"))?,
         None => config::load(&dir.path)?,
     };
     if config.name.is_empty() || config.name == dir.name {
@@ -310,7 +314,8 @@ pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result
         let available = repository::versions(&dir);
         let targets = repository::select_versions(config.version_policy.as_ref(), &available);
         if targets.is_empty() {
-            problems.push(format!("model '{}': no version folder for its version_policy among {available:?}", dir.name));
+            problems
+                .push(format!("model '{}': no version folder for its version_policy among {available:?}", dir.name));
         }
         for version in targets {
             if let Err(reason) = Model::load(&dir, version, &config, runtimes) {

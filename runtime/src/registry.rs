@@ -115,7 +115,8 @@ impl Registry {
     /// READY (and serving) while its replacement loads.
     pub fn set_loading(&self, name: &str, version: u64) {
         self.update(name, |e| {
-            let slot = e.versions.entry(version).or_insert(Slot { state: VersionState::Loading, reason: String::new() });
+            let slot =
+                e.versions.entry(version).or_insert(Slot { state: VersionState::Loading, reason: String::new() });
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Loading;
             }
@@ -138,7 +139,8 @@ impl Registry {
     /// READY and serving; otherwise the version becomes UNAVAILABLE.
     pub fn set_failed(&self, name: &str, version: u64, reason: &str) {
         self.update(name, |e| {
-            let slot = e.versions.entry(version).or_insert(Slot { state: VersionState::Unavailable, reason: String::new() });
+            let slot =
+                e.versions.entry(version).or_insert(Slot { state: VersionState::Unavailable, reason: String::new() });
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Unavailable;
             }
@@ -168,7 +170,10 @@ impl Registry {
     /// Whether version `version` of `name` is READY.
     pub fn is_ready(&self, name: &str, version: u64) -> bool {
         let models = self.models.read().expect("registry lock");
-        models.get(name).and_then(|e| e.versions.get(&version)).is_some_and(|s| matches!(s.state, VersionState::Ready(_)))
+        models
+            .get(name)
+            .and_then(|e| e.versions.get(&version))
+            .is_some_and(|s| matches!(s.state, VersionState::Ready(_)))
     }
 
     /// Unloads every version of `name`: later requests get 503 "unloaded";
@@ -209,7 +214,9 @@ impl Registry {
         match version {
             Some(v) => match entry.versions.get(&v).map(|s| (&s.state, &s.reason)) {
                 Some((VersionState::Ready(m), _)) => Ok(m.clone()),
-                Some((VersionState::Loading, _)) => Err(Error::Unavailable(format!("model '{name}' version {v} is LOADING"))),
+                Some((VersionState::Loading, _)) => {
+                    Err(Error::Unavailable(format!("model '{name}' version {v} is LOADING")))
+                }
                 Some((VersionState::Unavailable, reason)) => {
                     Err(Error::Unavailable(format!("model '{name}' version {v} is UNAVAILABLE: {reason}")))
                 }
@@ -237,7 +244,12 @@ impl Registry {
             let models = self.models.read().expect("registry lock");
             for (name, entry) in models.iter() {
                 if let Some(reason) = &entry.error {
-                    rows.push(IndexEntry { name: name.clone(), version: String::new(), state: "UNAVAILABLE", reason: reason.clone() });
+                    rows.push(IndexEntry {
+                        name: name.clone(),
+                        version: String::new(),
+                        state: "UNAVAILABLE",
+                        reason: reason.clone(),
+                    });
                 }
                 for (v, slot) in &entry.versions {
                     let state = match slot.state {
@@ -245,14 +257,24 @@ impl Registry {
                         VersionState::Ready(_) => "READY",
                         VersionState::Unavailable => "UNAVAILABLE",
                     };
-                    rows.push(IndexEntry { name: name.clone(), version: v.to_string(), state, reason: slot.reason.clone() });
+                    rows.push(IndexEntry {
+                        name: name.clone(),
+                        version: v.to_string(),
+                        state,
+                        reason: slot.reason.clone(),
+                    });
                 }
             }
         }
         let mut draining = self.draining.lock().expect("draining lock");
         draining.retain(|d| d.model.strong_count() > 0);
         for d in draining.iter() {
-            rows.push(IndexEntry { name: d.name.clone(), version: d.version.to_string(), state: "UNLOADING", reason: String::new() });
+            rows.push(IndexEntry {
+                name: d.name.clone(),
+                version: d.version.to_string(),
+                state: "UNLOADING",
+                reason: String::new(),
+            });
         }
         rows.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
         rows

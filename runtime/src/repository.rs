@@ -31,8 +31,8 @@ impl ModelDir {
 pub fn scan(repositories: &[PathBuf]) -> Result<Vec<ModelDir>, String> {
     let mut models = BTreeMap::new();
     for repo in repositories {
-        let entries = std::fs::read_dir(repo)
-            .map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
+        let entries =
+            std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
         for entry in entries.flatten() {
             let path = entry.path();
             let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
@@ -87,11 +87,9 @@ pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[u64]) -
         None => latest(available, 1),
         Some(PolicyChoice::Latest(l)) => latest(available, l.num_versions.max(1) as usize),
         Some(PolicyChoice::All(_)) => available.to_vec(),
-        Some(PolicyChoice::Specific(s)) => available
-            .iter()
-            .copied()
-            .filter(|v| s.versions.iter().any(|&w| u64::try_from(w) == Ok(*v)))
-            .collect(),
+        Some(PolicyChoice::Specific(s)) => {
+            available.iter().copied().filter(|v| s.versions.iter().any(|&w| u64::try_from(w) == Ok(*v))).collect()
+        }
     }
 }
 
@@ -143,7 +141,8 @@ pub struct ModelFiles {
 impl ModelFiles {
     /// Observes `model` as it is on disk now.
     pub fn observe(model: &ModelDir) -> ModelFiles {
-        let versions = versions(model).into_iter().map(|v| (v, Fingerprint::of(&model.version_path(v), true))).collect();
+        let versions =
+            versions(model).into_iter().map(|v| (v, Fingerprint::of(&model.version_path(v), true))).collect();
         ModelFiles { top: Fingerprint::of(&model.path, false), versions }
     }
 }
@@ -170,7 +169,10 @@ mod tests {
     fn version_policies_select_like_triton() {
         let available = [1, 2, 5];
         assert_eq!(select_versions(None, &available), vec![5]);
-        assert_eq!(select_versions(Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))), &available), vec![2, 5]);
+        assert_eq!(
+            select_versions(Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))), &available),
+            vec![2, 5]
+        );
         assert_eq!(select_versions(Some(&policy(PolicyChoice::All(All {}))), &available), vec![1, 2, 5]);
         let specific = policy(PolicyChoice::Specific(Specific { versions: vec![1, 3] }));
         assert_eq!(select_versions(Some(&specific), &available), vec![1]);

@@ -35,17 +35,20 @@ fn bad_requests_get_400_or_404_with_the_reason() {
     assert!(error_of(&body).contains("malformed"), "{body}");
 
     let n = 3 * 48 * 192;
-    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("INT32", &[1, 3, 48, 192], json!(vec![0; n])));
+    let (status, body) =
+        server.post_json("/v2/models/ocr_cls/infer", &cls_request("INT32", &[1, 3, 48, 192], json!(vec![0; n])));
     assert_eq!(status, 400);
     let msg = error_of(&body);
     assert!(msg.contains("'x'") && msg.contains("FP32") && msg.contains("INT32"), "{msg}");
 
-    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 100], json!(vec![0.0; 3 * 48 * 100])));
+    let (status, body) = server
+        .post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 100], json!(vec![0.0; 3 * 48 * 100])));
     assert_eq!(status, 400);
     let msg = error_of(&body);
     assert!(msg.contains("'x'") && msg.contains("[-1, 3, 48, 192]") && msg.contains("[1, 3, 48, 100]"), "{msg}");
 
-    let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 192], json!([1.0, 2.0])));
+    let (status, body) =
+        server.post_json("/v2/models/ocr_cls/infer", &cls_request("FP32", &[1, 3, 48, 192], json!([1.0, 2.0])));
     assert_eq!(status, 400);
     assert!(error_of(&body).contains("needs 27648 elements, but data has 2"), "{body}");
 
@@ -86,7 +89,8 @@ fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
         ("loop", "exceeded its time limit of 300 ms"),
         ("alloc", "memory allocation of 1073741824 bytes failed"),
     ] {
-        let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", behaviour.as_bytes().to_vec());
+        let (status, body) =
+            server.post_bytes("/v2/models/faulty/predict", "text/plain", behaviour.as_bytes().to_vec());
         assert_eq!(status, 500, "{behaviour}: {body}");
         let msg = error_of(&body);
         assert!(msg.contains("plugin 'faulty.wasm' of model 'faulty'") && msg.contains(expect), "{behaviour}: {msg}");

@@ -16,7 +16,9 @@ fn infer_cls(server: &Server) -> (u16, String, Vec<f64>) {
     let request = json!({"inputs": [{"name": "x", "shape": [1, 3, 48, 192], "datatype": "FP32", "data": vec![0.0f32; 3 * 48 * 192]}]});
     let (status, body) = server.post_json("/v2/models/ocr_cls/infer", &request);
     let version = body["model_version"].as_str().unwrap_or_default().to_owned();
-    let probs = body["outputs"][0]["data"].as_array().map_or_else(Vec::new, |a| a.iter().map(|v| v.as_f64().unwrap()).collect());
+    let probs = body["outputs"][0]["data"]
+        .as_array()
+        .map_or_else(Vec::new, |a| a.iter().map(|v| v.as_f64().unwrap()).collect());
     (status, version, probs)
 }
 
@@ -118,16 +120,21 @@ fn an_unchanged_model_is_not_reloaded_and_a_config_override_is_applied() {
     assert_eq!(server.log_count("load: start"), 1, "the second load found nothing changed");
 
     let config = json!({"max_batch_size": 2, "parameters": {"plugin": {"string_value": "ocr_cls.wasm"}}}).to_string();
-    let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": config}}));
+    let (status, body) =
+        server.post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": config}}));
     assert_eq!(status, 200, "{body}");
     assert_eq!(server.log_count("load: start"), 2, "a new configuration reloads");
     let (_, meta) = server.get("/v2/models/ocr_cls");
     assert_eq!(meta["inputs"][0]["shape"], json!([-1, 3, -1, -1]), "inputs completed from the model file: {meta}");
 
-    let (status, body) = server.post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": "{\"max_batchsize\": 2}"}}));
+    let (status, body) = server
+        .post_json("/v2/repository/models/ocr_cls/load", &json!({"parameters": {"config": "{\"max_batchsize\": 2}"}}));
     assert_eq!(status, 400);
     assert!(body["error"].as_str().unwrap().contains("max_batchsize"), "{body}");
-    assert_eq!(server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png")).1["angle"], 180);
+    assert_eq!(
+        server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png")).1["angle"],
+        180
+    );
 
     let (status, body) = server.post_json("/v2/repository/models/no_such_model/load", &json!({}));
     assert_eq!(status, 400);
@@ -161,7 +168,8 @@ fn a_slowly_copied_version_is_never_served_half_written() {
         let pause = Instant::now();
         while pause.elapsed() < poll + Duration::from_millis(500) {
             assert_ne!(server.get("/v2/models/ocr_cls/versions/2/ready").0, 200, "a half-written version 2 is READY");
-            let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+            let (status, answer) =
+                server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
             assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "{answer}");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -169,7 +177,9 @@ fn a_slowly_copied_version_is_never_served_half_written() {
     file.write_all(last).unwrap();
     drop(file);
     let complete = Instant::now();
-    wait_until("version 2 is ready", Duration::from_secs(30), || server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200);
+    wait_until("version 2 is ready", Duration::from_secs(30), || {
+        server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200
+    });
     let took = complete.elapsed();
     assert!(took < 2 * poll + Duration::from_millis(1500), "READY {took:?} after the copy finished");
 }

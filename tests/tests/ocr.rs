@@ -42,7 +42,8 @@ fn ocr_cls_tells_upright_from_rotated_lines() {
 #[test]
 fn versioned_routes_reach_the_same_model() {
     let server = Server::start(&example_repository(), &[]);
-    let (status, body) = server.post_bytes("/v2/models/ocr_rec/versions/1/predict", "image/png", fixture("line_hello.png"));
+    let (status, body) =
+        server.post_bytes("/v2/models/ocr_rec/versions/1/predict", "image/png", fixture("line_hello.png"));
     assert_eq!((status, body["text"].as_str()), (200, Some("Hello World")));
     let (status, _) = server.get("/v2/models/ocr_rec/versions/1/ready");
     assert_eq!(status, 200);

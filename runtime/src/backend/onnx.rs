@@ -113,7 +113,8 @@ impl Backend for OnnxModel {
         self.outputs
             .iter()
             .map(|o| {
-                let value = outputs.remove(&o.name).ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))?;
+                let value =
+                    outputs.remove(&o.name).ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))?;
                 from_ort(&o.name, value)
             })
             .collect()
@@ -208,11 +209,10 @@ fn to_ort(t: &Tensor) -> Result<DynValue, String> {
 
 /// Copies an ONNX Runtime output into a tensor.
 fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
-    let tensor = value
-        .downcast::<DynTensorValueType>()
-        .map_err(|e| format!("output '{name}' is not a tensor: {e}"))?;
+    let tensor = value.downcast::<DynTensorValueType>().map_err(|e| format!("output '{name}' is not a tensor: {e}"))?;
     let ty = *tensor.data_type();
-    let datatype = datatype_from_ort(ty).ok_or_else(|| format!("output '{name}' has element type {ty}, which the v2 protocol cannot carry"))?;
+    let datatype = datatype_from_ort(ty)
+        .ok_or_else(|| format!("output '{name}' has element type {ty}, which the v2 protocol cannot carry"))?;
     let shape = tensor.shape().to_vec();
     let data = if datatype == DataType::Bytes {
         let (_, strings) = tensor.try_extract_strings().map_err(|e| format!("output '{name}': {e}"))?;

@@ -34,9 +34,7 @@ static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
 /// # Errors
 /// The parser's message, which names the offending field or value.
 pub fn parse(text: &str) -> Result<ModelConfig, String> {
-    let desc = DESCRIPTORS
-        .get_message_by_name("inference.ModelConfig")
-        .expect("ModelConfig is in the descriptor set");
+    let desc = DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in the descriptor set");
     let text = colon_before_lists(text);
     let message = DynamicMessage::parse_text_format(desc, &text).map_err(|e| e.to_string())?;
     message.transcode_to::<ModelConfig>().map_err(|e| e.to_string())
@@ -104,9 +102,7 @@ fn colon_before_lists(text: &str) -> String {
 /// # Errors
 /// The parser's message, which names the offending field or value.
 pub fn parse_json(text: &str) -> Result<ModelConfig, String> {
-    let desc = DESCRIPTORS
-        .get_message_by_name("inference.ModelConfig")
-        .expect("ModelConfig is in the descriptor set");
+    let desc = DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in the descriptor set");
     let mut de = serde_json::Deserializer::from_str(text);
     let message = DynamicMessage::deserialize(desc, &mut de).map_err(|e| e.to_string())?;
     de.end().map_err(|e| e.to_string())?;

@@ -33,9 +33,9 @@ pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[Mo
 }
 
 fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, String> {
-    let datatype = io
-        .datatype
-        .ok_or_else(|| format!("model {kind} '{}' has type {}, which the v2 protocol cannot carry", io.name, io.type_name))?;
+    let datatype = io.datatype.ok_or_else(|| {
+        format!("model {kind} '{}' has type {}, which the v2 protocol cannot carry", io.name, io.type_name)
+    })?;
     let dims = if batch { io.shape.get(1..).unwrap_or_default().to_vec() } else { io.shape.clone() };
     Ok(TensorSpec { name: io.name.clone(), datatype, dims })
 }
@@ -44,7 +44,10 @@ fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Res
     let name = &spec.name;
     if io.datatype != Some(spec.datatype) {
         let actual = io.datatype.map_or_else(|| io.type_name.clone(), |d| d.name().to_owned());
-        return Err(format!("{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model's {kind} is {actual}", spec.datatype));
+        return Err(format!(
+            "{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model's {kind} is {actual}",
+            spec.datatype
+        ));
     }
     let model_dims = if batch {
         match io.shape.first() {
@@ -106,7 +109,10 @@ pub fn check_inputs(sig: &Signature, model: &str, inputs: &[Tensor]) -> Result<(
         let fits = t.shape.len() == expected.len()
             && t.shape.iter().zip(&expected).all(|(&got, &want)| got >= 0 && (want < 0 || got == want));
         if !fits {
-            return Err(bad(format!("input '{}' must have shape {expected:?} (-1: any size), got {:?}", t.name, t.shape)));
+            return Err(bad(format!(
+                "input '{}' must have shape {expected:?} (-1: any size), got {:?}",
+                t.name, t.shape
+            )));
         }
         if sig.max_batch_size > 0 && !(1..=i64::from(sig.max_batch_size)).contains(&t.shape[0]) {
             return Err(bad(format!(
@@ -128,7 +134,12 @@ mod tests {
     use crate::tensor::DataType;
 
     fn io(name: &str, shape: &[i64]) -> ModelIo {
-        ModelIo { name: name.into(), datatype: Some(DataType::Fp32), type_name: "tensor(float)".into(), shape: shape.to_vec() }
+        ModelIo {
+            name: name.into(),
+            datatype: Some(DataType::Fp32),
+            type_name: "tensor(float)".into(),
+            shape: shape.to_vec(),
+        }
     }
 
     fn sig(dims: &[i64], batch: u32) -> Signature {

@@ -55,7 +55,8 @@ impl Model {
     pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
         check_platform(config)?;
         let version_dir = dir.version_path(version);
-        let file = if config.default_model_filename.is_empty() { DEFAULT_MODEL_FILE } else { &config.default_model_filename };
+        let file =
+            if config.default_model_filename.is_empty() { DEFAULT_MODEL_FILE } else { &config.default_model_filename };
         let backend = rt.onnx.load(&version_dir.join(file), session_options(config)?)?;
         let mut signature = Signature::from_config(config)?;
         check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
@@ -150,7 +151,11 @@ impl Model {
         let req = Arc::new(req);
         let inputs = plugin.preprocess(req.clone()).await.map_err(plugin_error)?;
         let outputs = match self.infer(inputs, &[]).await {
-            Err(Error::InvalidArgument(m)) => return Err(Error::Internal(format!("the plugin's preprocess produced tensors the model cannot take: {m}"))),
+            Err(Error::InvalidArgument(m)) => {
+                return Err(Error::Internal(format!(
+                    "the plugin's preprocess produced tensors the model cannot take: {m}"
+                )));
+            }
             other => other?,
         };
         plugin.postprocess(req, outputs).await.map_err(plugin_error)
@@ -182,12 +187,23 @@ fn check_platform(config: &ModelConfig) -> Result<(), String> {
 fn session_options(config: &ModelConfig) -> Result<SessionOptions, String> {
     let count = |key: &str| match config::parameter(config, key) {
         None => Ok(0),
-        Some(v) => v.trim().parse::<usize>().map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
+        Some(v) => {
+            v.trim().parse::<usize>().map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'"))
+        }
     };
-    Ok(SessionOptions { intra_op_threads: count("intra_op_thread_count")?, inter_op_threads: count("inter_op_thread_count")? })
+    Ok(SessionOptions {
+        intra_op_threads: count("intra_op_thread_count")?,
+        inter_op_threads: count("inter_op_thread_count")?,
+    })
 }
 
-fn load_plugin(host: &PluginHost, dir: &ModelDir, file: &str, version_dir: &Path, info: ModelInfo) -> Result<Plugin, String> {
+fn load_plugin(
+    host: &PluginHost,
+    dir: &ModelDir,
+    file: &str,
+    version_dir: &Path,
+    info: ModelInfo,
+) -> Result<Plugin, String> {
     let wasm = dir.path.join(file);
     if !wasm.is_file() {
         return Err(format!("plugin '{file}' named in {} is not in {}", config::CONFIG_FILE, dir.path.display()));

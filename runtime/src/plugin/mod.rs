@@ -242,7 +242,11 @@ impl Plugin {
     ///
     /// # Errors
     /// As [`Plugin::preprocess`].
-    pub async fn postprocess(self: &Arc<Self>, req: Arc<RawRequest>, outputs: Vec<Tensor>) -> Result<RawResponse, PluginError> {
+    pub async fn postprocess(
+        self: &Arc<Self>,
+        req: Arc<RawRequest>,
+        outputs: Vec<Tensor>,
+    ) -> Result<RawResponse, PluginError> {
         self.call_blocking(move |this| {
             let req = convert::request(&req);
             let outputs: Vec<wit::Tensor> = outputs.into_iter().map(convert::tensor_to_wit).collect();
@@ -308,15 +312,14 @@ impl Plugin {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
-        let bindings = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
         let mut inst = Instance { store, bindings, stderr };
         let info = &self.info;
         match inst.bindings.plinth_plugin_handler().call_init(&mut inst.store, info) {
             Ok(Ok(())) => Ok(inst),
-            Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => Err(self.failed(&format!("init failed: {m}"))),
+            Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => {
+                Err(self.failed(&format!("init failed: {m}")))
+            }
             Err(trap) => Err(self.trapped("init", &trap, &inst.stderr, 0)),
         }
     }

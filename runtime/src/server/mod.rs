@@ -131,7 +131,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         plugins: PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?,
     };
     let registry = Arc::new(Registry::default());
-    let lifecycle = Arc::new(Lifecycle::new(runtimes, registry.clone(), opts.model_repositories.clone(), opts.control_mode));
+    let lifecycle =
+        Arc::new(Lifecycle::new(runtimes, registry.clone(), opts.model_repositories.clone(), opts.control_mode));
     let state = Arc::new(AppState {
         registry,
         lifecycle: lifecycle.clone(),

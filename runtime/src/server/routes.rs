@@ -87,7 +87,11 @@ pub async fn model_metadata(State(state): State<Arc<AppState>>, model: ModelRef)
     let tensors = |specs: &[crate::tensor::TensorSpec]| {
         specs
             .iter()
-            .map(|s| TensorMetadata { name: s.name.clone(), datatype: s.datatype.name(), shape: m.signature.full_shape(s) })
+            .map(|s| TensorMetadata {
+                name: s.name.clone(),
+                datatype: s.datatype.name(),
+                shape: m.signature.full_shape(s),
+            })
             .collect()
     };
     Ok(Json(ModelMetadata {
@@ -164,7 +168,11 @@ pub async fn repository_index(State(state): State<Arc<AppState>>, body: Bytes) -
 /// "<JSON model configuration>"}}` overrides `config.pbtxt`. 200 once every
 /// selected version is READY; 400 with every failure's reason otherwise
 /// (versions that were serving keep serving).
-pub async fn load_model(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+pub async fn load_model(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
     explicit_mode(&state)?;
     let config = if body.is_empty() {
         None
@@ -175,7 +183,11 @@ pub async fn load_model(State(state): State<Arc<AppState>>, Path(name): Path<Str
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(object @ serde_json::Value::Object(_)) => Some(object.to_string()),
-            Some(other) => return Err(ApiError::bad_request(format!("parameter 'config' must be a JSON model configuration, got {other}"))),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "parameter 'config' must be a JSON model configuration, got {other}"
+                )));
+            }
         }
     };
     state.lifecycle.load(&name, config).await?;
@@ -184,7 +196,10 @@ pub async fn load_model(State(state): State<Arc<AppState>>, Path(name): Path<Str
 
 /// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already
 /// accepted finish; later ones get 503.
-pub async fn unload_model(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+pub async fn unload_model(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
     explicit_mode(&state)?;
     state.lifecycle.unload(&name).await?;
     Ok(Json(serde_json::json!({})))
@@ -201,7 +216,10 @@ fn explicit_mode(state: &AppState) -> Result<(), ApiError> {
 
 /// Any other path.
 pub async fn unknown_route() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, message: "unknown route; see the KServe v2 protocol's /v2/... routes".into() }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "unknown route; see the KServe v2 protocol's /v2/... routes".into(),
+    }
 }
 
 /// A known path with the wrong method.

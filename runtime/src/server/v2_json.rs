@@ -94,8 +94,8 @@ impl InputTensor {
     pub fn into_tensor(self) -> Result<Tensor, Error> {
         let name = self.name;
         let bad = |m: String| Error::InvalidArgument(format!("input '{name}': {m}"));
-        let datatype = DataType::from_name(&self.datatype)
-            .ok_or_else(|| bad(format!("unknown datatype '{}'", self.datatype)))?;
+        let datatype =
+            DataType::from_name(&self.datatype).ok_or_else(|| bad(format!("unknown datatype '{}'", self.datatype)))?;
         if matches!(datatype, DataType::Fp16 | DataType::Bf16) {
             return Err(bad(format!(
                 "{datatype} has no JSON representation; send it with the binary tensor data extension"
@@ -138,7 +138,9 @@ fn encode_element(dt: DataType, v: &Value, out: &mut Vec<u8>) -> Result<(), Stri
     }
     let float = || v.as_f64().ok_or_else(|| format!("expected a number for {dt}, got {v}"));
     match dt {
-        DataType::Bool => out.push(u8::from(v.as_bool().ok_or_else(|| format!("expected true or false for BOOL, got {v}"))?)),
+        DataType::Bool => {
+            out.push(u8::from(v.as_bool().ok_or_else(|| format!("expected true or false for BOOL, got {v}"))?))
+        }
         DataType::Uint8 => out.extend(int::<u8>(v, dt)?.to_le_bytes()),
         DataType::Uint16 => out.extend(int::<u16>(v, dt)?.to_le_bytes()),
         DataType::Uint32 => out.extend(int::<u32>(v, dt)?.to_le_bytes()),
@@ -170,12 +172,20 @@ impl OutputTensor {
         let data = match t.datatype {
             DataType::Bool => OutputData::Bool(t.data.iter().map(|&b| b != 0).collect()),
             DataType::Uint8 => OutputData::Unsigned(t.data.iter().map(|&b| u64::from(b)).collect()),
-            DataType::Uint16 => OutputData::Unsigned(le(2).map(|c| u64::from(u16::from_le_bytes([c[0], c[1]]))).collect()),
-            DataType::Uint32 => OutputData::Unsigned(le(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().unwrap()))).collect()),
-            DataType::Uint64 => OutputData::Unsigned(le(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()),
+            DataType::Uint16 => {
+                OutputData::Unsigned(le(2).map(|c| u64::from(u16::from_le_bytes([c[0], c[1]]))).collect())
+            }
+            DataType::Uint32 => {
+                OutputData::Unsigned(le(4).map(|c| u64::from(u32::from_le_bytes(c.try_into().unwrap()))).collect())
+            }
+            DataType::Uint64 => {
+                OutputData::Unsigned(le(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+            }
             DataType::Int8 => OutputData::Signed(t.data.iter().map(|&b| i64::from(b as i8)).collect()),
             DataType::Int16 => OutputData::Signed(le(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect()),
-            DataType::Int32 => OutputData::Signed(le(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect()),
+            DataType::Int32 => {
+                OutputData::Signed(le(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect())
+            }
             DataType::Int64 => OutputData::Signed(le(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
             DataType::Fp32 => OutputData::Fp32(le(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
             DataType::Fp64 => OutputData::Fp64(le(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
