@@ -128,15 +128,16 @@ impl Lifecycle {
     /// folder, a configuration that does not parse or match the model, a
     /// version that does not load. Versions serving before keep serving.
     pub async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), Error> {
-        let record = self.record(name);
-        let mut record = record.lock().await;
-        self.registry.want(name);
+        // A name with no folder leaves no trace: a typo in a load request
+        // must not make the server unready.
         let Some(dir) = self.find(name) else {
             let reason = format!("no model folder '{name}' in the model repositories");
-            self.registry.fail_model(name, &reason);
             tracing::error!(model = %name, "cannot load: {reason}");
             return Err(Error::InvalidArgument(format!("failed to load '{name}': {reason}")));
         };
+        let record = self.record(name);
+        let mut record = record.lock().await;
+        self.registry.want(name);
         let files = ModelFiles::observe(&dir);
         let result = self.load_versions(&dir, &files, config_json.as_deref(), &mut record).await;
         record.attempted = Some((files, config_json));

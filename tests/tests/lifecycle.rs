@@ -139,6 +139,7 @@ fn an_unchanged_model_is_not_reloaded_and_a_config_override_is_applied() {
     let (status, body) = server.post_json("/v2/repository/models/no_such_model/load", &json!({}));
     assert_eq!(status, 400);
     assert!(body["error"].as_str().unwrap().contains("no_such_model"), "{body}");
+    assert_eq!(server.get("/v2/health/ready").0, 200, "a mistyped load does not make the server unready");
 }
 
 #[test]
