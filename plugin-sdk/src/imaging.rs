@@ -5,20 +5,45 @@ use crate::Error;
 pub use image;
 use image::RgbImage;
 
-/// Decodes a PNG or JPEG request body into 8-bit RGB.
+/// Decodes a PNG or JPEG request body into 8-bit RGB. Images of more than
+/// `max_pixels` pixels are refused before they are decoded, so a small file
+/// cannot make the plugin allocate more than its memory limit.
 ///
 /// # Errors
-/// [`Error::BadInput`] naming the problem when the body is not a decodable
-/// PNG or JPEG image.
-pub fn decode_rgb(body: &[u8]) -> Result<RgbImage, Error> {
+/// [`Error::BadInput`] naming the problem: an empty body, another format, a
+/// truncated or undecodable file, or an image larger than `max_pixels`.
+pub fn decode_rgb(body: &[u8], max_pixels: u64) -> Result<RgbImage, Error> {
+    if body.is_empty() {
+        return Err(Error::bad_input("the request body is empty; expected a PNG or JPEG image"));
+    }
     let format =
         image::guess_format(body).map_err(|_| Error::bad_input("the request body is not a PNG or JPEG image"))?;
     if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg) {
         return Err(Error::bad_input(format!("the request body is a {format:?} image; expected PNG or JPEG")));
     }
-    let img = image::load_from_memory_with_format(body, format)
-        .map_err(|e| Error::bad_input(format!("cannot decode the {format:?} image: {e}")))?;
-    Ok(img.to_rgb8())
+    if format == image::ImageFormat::Jpeg && !jpeg_is_complete(body) {
+        return Err(Error::bad_input("the JPEG image is truncated: no end-of-image marker after its last scan"));
+    }
+    let undecodable = |e: image::ImageError| {
+        Error::bad_input(format!("cannot decode the {format:?} image: {}", e.to_string().trim()))
+    };
+    let (w, h) =
+        image::ImageReader::with_format(std::io::Cursor::new(body), format).into_dimensions().map_err(undecodable)?;
+    let pixels = u64::from(w) * u64::from(h);
+    if pixels > max_pixels {
+        return Err(Error::bad_input(format!(
+            "the image is {w}x{h} = {pixels} pixels; at most {max_pixels} are accepted"
+        )));
+    }
+    Ok(image::load_from_memory_with_format(body, format).map_err(undecodable)?.to_rgb8())
+}
+
+/// Whether a JPEG file ends its last scan (SOS, `FF DA`) with an
+/// end-of-image marker (`FF D9`). Inside scan data every `FF` byte is
+/// stuffed or a restart marker, so `FF D9` there can only be the real end.
+fn jpeg_is_complete(body: &[u8]) -> bool {
+    let last_scan = body.windows(2).rposition(|w| w == [0xFF, 0xDA]).unwrap_or(0);
+    body[last_scan..].windows(2).any(|w| w == [0xFF, 0xD9])
 }
 
 /// Channel order of the planes written by [`to_chw`].
@@ -57,9 +82,34 @@ pub fn to_chw(img: &RgbImage, order: ChannelOrder, mean: [f32; 3], std: [f32; 3]
 mod tests {
     use super::*;
 
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let mut out = std::io::Cursor::new(Vec::new());
+        RgbImage::new(w, h).write_to(&mut out, image::ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    fn bad_input(r: Result<RgbImage, Error>) -> String {
+        match r {
+            Err(Error::BadInput(m)) => m,
+            other => panic!("expected bad input, got {other:?}"),
+        }
+    }
+
     #[test]
-    fn rejects_non_images_as_bad_input() {
-        assert!(matches!(decode_rgb(b"hello"), Err(Error::BadInput(_))));
+    fn rejects_non_images_empty_bodies_and_huge_images_as_bad_input() {
+        assert!(bad_input(decode_rgb(b"hello", 100)).contains("not a PNG or JPEG"));
+        assert!(bad_input(decode_rgb(b"", 100)).contains("empty"));
+        assert!(bad_input(decode_rgb(&png(20, 10), 100)).contains("20x10 = 200 pixels; at most 100"));
+        assert_eq!(decode_rgb(&png(10, 10), 100).unwrap().dimensions(), (10, 10));
+    }
+
+    #[test]
+    fn truncated_jpegs_are_refused() {
+        let mut out = std::io::Cursor::new(Vec::new());
+        RgbImage::new(16, 16).write_to(&mut out, image::ImageFormat::Jpeg).unwrap();
+        let jpeg = out.into_inner();
+        assert!(decode_rgb(&jpeg, 1000).is_ok());
+        assert!(bad_input(decode_rgb(&jpeg[..jpeg.len() - 10], 1000)).contains("truncated"));
     }
 
     #[test]

@@ -44,7 +44,6 @@ fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }

@@ -66,15 +66,23 @@ pub fn ignored_folders(model: &ModelDir) -> Vec<String> {
     subfolders(model).1
 }
 
+/// A version number as a folder or URL names it: decimal digits without a
+/// leading zero (`0`, `1`, `42`; not `01`, `+1`, ` 1`). `None` otherwise or
+/// beyond `u64`.
+pub fn parse_version(s: &str) -> Option<u64> {
+    let canonical = s == "0" || (!s.starts_with('0') && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    if canonical { s.parse().ok() } else { None }
+}
+
 fn subfolders(model: &ModelDir) -> (Vec<u64>, Vec<String>) {
     let (mut versions, mut others) = (Vec::new(), Vec::new());
     let Ok(entries) = std::fs::read_dir(&model.path) else { return (versions, others) };
     for entry in entries.flatten().filter(|e| e.path().is_dir()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        match name.parse::<u64>() {
-            Ok(v) => versions.push(v),
-            Err(_) if !name.starts_with('.') => others.push(name),
-            Err(_) => {}
+        match parse_version(&name) {
+            Some(v) => versions.push(v),
+            None if !name.starts_with('.') => others.push(name),
+            None => {}
         }
     }
     (versions, others)
@@ -88,6 +96,11 @@ pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[u64]) -
         Some(PolicyChoice::Latest(l)) => latest(available, l.num_versions.max(1) as usize),
         Some(PolicyChoice::All(_)) => available.to_vec(),
         Some(PolicyChoice::Specific(s)) => {
+            let missing: Vec<i64> =
+                s.versions.iter().copied().filter(|&w| !available.iter().any(|&v| u64::try_from(w) == Ok(v))).collect();
+            if !missing.is_empty() {
+                tracing::warn!(?missing, "version_policy names versions that have no folder");
+            }
             available.iter().copied().filter(|v| s.versions.iter().any(|&w| u64::try_from(w) == Ok(*v))).collect()
         }
     }
@@ -182,12 +195,24 @@ mod tests {
     #[test]
     fn scan_finds_models_and_numeric_versions() {
         let repo = tempfile::tempdir().unwrap();
-        for dir in ["a/1", "a/3", "a/notes", "b/2", ".hidden/1"] {
+        for dir in ["a/1", "a/3", "a/notes", "a/03", "b/2", ".hidden/1"] {
             std::fs::create_dir_all(repo.path().join(dir)).unwrap();
         }
         let models = scan(&[repo.path().to_path_buf()]).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(versions(&models[0]), vec![1, 3]);
+        let mut ignored = ignored_folders(&models[0]);
+        ignored.sort();
+        assert_eq!(ignored, ["03", "notes"]);
+    }
+
+    #[test]
+    fn versions_are_canonical_numbers() {
+        assert_eq!(parse_version("0"), Some(0));
+        assert_eq!(parse_version("42"), Some(42));
+        for bad in ["", "01", "+1", "-1", " 1", "1a", "99999999999999999999"] {
+            assert_eq!(parse_version(bad), None, "{bad:?}");
+        }
     }
 }

@@ -116,18 +116,16 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// The number of elements the shape describes.
-    pub fn element_count(&self) -> usize {
-        element_count(&self.shape)
-    }
-
     /// Checks that `data` holds exactly the elements `shape` describes.
     ///
     /// # Errors
-    /// A message naming the tensor, the expected and the actual size.
+    /// A message naming the tensor, the expected and the actual size, or a
+    /// shape whose element count does not fit in memory.
     pub fn check_data(&self) -> Result<(), String> {
-        let count = self.element_count();
+        let too_large = || format!("tensor '{}': shape {:?} has too many elements", self.name, self.shape);
+        let count = element_count(&self.shape).ok_or_else(too_large)?;
         match self.datatype.element_size() {
+            Some(size) if count.checked_mul(size).is_none() => Err(too_large()),
             Some(size) if self.data.len() != count * size => Err(format!(
                 "tensor '{}' of shape {:?} and datatype {} needs {} bytes, got {}",
                 self.name,
@@ -151,9 +149,10 @@ impl Tensor {
     }
 }
 
-/// The number of elements of `shape` (negative dimensions count as 0).
-pub fn element_count(shape: &[i64]) -> usize {
-    shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).product()
+/// The number of elements of `shape`; `None` when a dimension is negative
+/// or the product overflows.
+pub fn element_count(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
 }
 
 /// Splits length-prefixed `BYTES` data into its elements; `None` if the
@@ -211,5 +210,9 @@ mod tests {
         push_bytes_element(&mut data, b"hi");
         let s = Tensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data };
         assert!(s.check_data().unwrap_err().contains("needs 2 BYTES elements, got 1"));
+
+        let huge = Tensor { name: "h".into(), datatype: DataType::Fp32, shape: vec![3, 1 << 62], data: vec![] };
+        assert!(huge.check_data().unwrap_err().contains("too many elements"));
+        assert_eq!(element_count(&[1 << 32, 1 << 32]), None);
     }
 }

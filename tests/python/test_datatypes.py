@@ -71,11 +71,10 @@ def test_every_json_datatype_round_trips_through_onnx_runtime(identity_server):
             assert out["data"] == values, dt
 
 
-def test_nested_data_and_requested_outputs(identity_server):
+def test_only_the_requested_outputs_come_back(identity_server):
     body = {"inputs": [{"name": f"in_{dt}", "shape": [3], "datatype": dt, "data": values}
                        for dt, (_, values) in CASES.items()],
             "outputs": [{"name": "out_INT16"}]}
-    body["inputs"][6]["data"] = [[-32768], [0], [32767]]
     answer = post(identity_server, "/v2/models/identity/infer", body)
     assert [o["name"] for o in answer["outputs"]] == ["out_INT16"]
     assert answer["outputs"][0]["data"] == [-32768, 0, 32767]

@@ -68,6 +68,55 @@ fn bad_requests_get_400_or_404_with_the_reason() {
     assert_still_serving(&server);
 }
 
+#[test]
+fn tensors_the_model_cannot_take_get_400_and_binary_data_501() {
+    let server = Server::start(&example_repository(), &[]);
+    let rec = |shape: Value, data: Value| json!({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": data}]});
+    let cases = [
+        (rec(json!([1, 3, 48, 0]), json!([])), 400, "ONNX Runtime cannot run these inputs"),
+        (rec(json!([1, 3, 48, 1_u64 << 60]), json!([])), 400, "too many elements"),
+        (rec(json!([1, 3, 48, 4]), json!([[vec![0.0; 100]], [vec![0.0; 476]]])), 400, "nested array"),
+        (rec(json!([1, 3, 48, 1]), json!(vec![1e39; 144])), 400, "out of range for FP32"),
+    ];
+    for (request, status, words) in cases {
+        let (got, body) = server.post_json("/v2/models/ocr_rec/infer", &request);
+        assert_eq!(got, status, "{body}");
+        assert!(error_of(&body).contains(words), "{body}");
+    }
+    let mut binary = rec(json!([1, 3, 48, 1]), json!(vec![0.0; 144]));
+    binary["inputs"][0]["parameters"] = json!({"binary_data_size": 576});
+    let (status, body) = server.post_json("/v2/models/ocr_rec/infer", &binary);
+    assert_eq!(status, 501);
+    assert!(error_of(&body).contains("binary tensor data extension"), "{body}");
+
+    let (status, _) = server.get("/v2/models/ocr_rec/versions/01");
+    assert_eq!(status, 400, "leading zeros are not a version");
+    let (status, _) = server.get("/v2/models/ocr_rec/versions/99999999999999999999");
+    assert_eq!(status, 404);
+    let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", vec![]);
+    assert_eq!(status, 400);
+    assert!(error_of(&body).contains("empty"), "{body}");
+    let (status, body) = server.post_json("/v2/repository/index", &json!({"ready": "yes"}));
+    assert_eq!(status, 400, "{body}");
+    assert_still_serving(&server);
+}
+
+#[test]
+fn a_configuration_its_plugin_cannot_serve_fails_the_load() {
+    let repo = tempfile::tempdir().unwrap();
+    copy_example_model("ocr_rec", repo.path());
+    copy_example_model("ocr_cls", repo.path());
+    let config = repo.path().join("ocr_cls/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap().replace("dims: [ 3, 48, 192 ]", "dims: [ 3, 32, 192 ]");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(repo.path(), &["--strict-readiness", "false"]);
+    let (status, body) = server.get("/v2/models/ocr_cls/ready");
+    assert_eq!(status, 503);
+    let msg = error_of(&body);
+    assert!(msg.contains("ocr_cls.wasm") && msg.contains("[3, 32, 192]") && msg.contains("[3, 48 or -1, 192 or -1]"), "{msg}");
+    assert_still_serving(&server);
+}
+
 /// A repository with ocr_rec and the `faulty` test model.
 fn repository_with_faulty_plugin(repo: &Path) {
     copy_example_model("ocr_rec", repo);
@@ -202,7 +251,9 @@ fn a_body_over_the_limit_gets_413() {
     let server = Server::start(&example_repository(), &["--http-max-body-bytes", "1KiB"]);
     let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_serif.png"));
     assert_eq!(status, 413, "{body}");
-    assert!(error_of(&body).contains("length limit"), "{body}");
+    assert!(error_of(&body).contains("larger than 1024 bytes (--http-max-body-bytes)"), "{body}");
+    let (status, body) = server.post_bytes("/v2/repository/index", "application/json", vec![b' '; 2048]);
+    assert_eq!(status, 413, "{body}");
     let (status, _) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", vec![0; 100]);
     assert_eq!(status, 400, "small bodies still pass");
 }

@@ -2,7 +2,7 @@
 //! classifier's `[1, 3, 48, 192]` input; `postprocess` reads its `[1, 2]`
 //! probabilities and answers `{"angle": 0 | 180, "confidence": 0.99}`.
 
-use ocr_common::{Width, first_output, text_line_input};
+use ocr_common::{Width, check_text_line_input, first_output, text_line_input};
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
 struct OcrCls {
@@ -16,6 +16,7 @@ const ANGLES: [u32; 2] = [0, 180];
 
 impl Plugin for OcrCls {
     fn init(info: &ModelInfo) -> Result<Self, Error> {
+        check_text_line_input(info, Width::Exactly(WIDTH))?;
         Ok(OcrCls { info: info.clone() })
     }
 

@@ -8,6 +8,10 @@ use plinth_plugin_sdk::{Error, ModelInfo, Request, Tensor};
 /// Height in pixels of every text line the PP-OCR models read.
 pub const LINE_HEIGHT: u32 = 48;
 
+/// Largest image accepted, in pixels: any text line fits well within it,
+/// and so does its decoded form within the plugin's memory limit.
+pub const MAX_PIXELS: u64 = 16_000_000;
+
 /// How wide the model input is, given the width the line has after being
 /// scaled to [`LINE_HEIGHT`].
 #[derive(Clone, Copy, Debug)]
@@ -29,7 +33,7 @@ pub enum Width {
 /// text line; [`Error::Internal`] when the model declares no input.
 pub fn text_line_input(info: &ModelInfo, req: &Request, width: Width) -> Result<Vec<Tensor>, Error> {
     const MAX_WIDTH: u32 = 8192;
-    let img = imaging::decode_rgb(&req.body)?;
+    let img = imaging::decode_rgb(&req.body, MAX_PIXELS)?;
     let (w, h) = img.dimensions();
     let scaled_w = (f64::from(LINE_HEIGHT) * f64::from(w) / f64::from(h)).ceil() as u32;
     let (resized_w, pad_w) = match width {
@@ -49,6 +53,33 @@ pub fn text_line_input(info: &ModelInfo, req: &Request, width: Width) -> Result<
         shape.insert(0, 1);
     }
     Ok(vec![Tensor::from_slice(&input.name, &shape, &data)])
+}
+
+/// Checks, when an instance starts, that the model's first input takes what
+/// [`text_line_input`] makes: FP32 `[3, 48, W]` with `W` variable or
+/// `fixed_width`. A configuration that could never match fails the load
+/// instead of every request.
+///
+/// # Errors
+/// [`Error::Internal`] naming the input, its dims and what is needed.
+pub fn check_text_line_input(info: &ModelInfo, width: Width) -> Result<(), Error> {
+    let input = info.first_input()?;
+    let w = match width {
+        Width::AtLeast(_) => -1,
+        Width::Exactly(w) => i64::from(w),
+    };
+    let height = i64::from(LINE_HEIGHT);
+    let fits = input.datatype == plinth_plugin_sdk::Datatype::Fp32
+        && matches!(input.dims[..], [3, h, iw] if (h == height || h == -1) && (iw == w || iw == -1));
+    if fits {
+        Ok(())
+    } else {
+        let want = if w == -1 { "-1".to_owned() } else { format!("{w} or -1") };
+        Err(Error::internal(format!(
+            "input '{}' is {:?} with dims {:?}; this plugin makes FP32 text lines of dims [3, 48 or -1, {want}]",
+            input.name, input.datatype, input.dims
+        )))
+    }
 }
 
 /// The output tensor the model declares first, from `outputs`.

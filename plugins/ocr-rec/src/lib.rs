@@ -3,7 +3,7 @@
 //! probabilities `[1, T, C]` with greedy CTC and answers
 //! `{"text": "...", "confidence": 0.97}`.
 
-use ocr_common::{Width, first_output, text_line_input};
+use ocr_common::{Width, check_text_line_input, first_output, text_line_input};
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
 struct OcrRec {
@@ -25,6 +25,7 @@ impl Plugin for OcrRec {
         let dictionary = dictionary.strip_suffix('\n').unwrap_or(dictionary);
         classes.extend(dictionary.split('\n').map(str::to_owned));
         classes.push(" ".into());
+        check_text_line_input(info, Width::AtLeast(MIN_WIDTH))?;
         Ok(OcrRec { info: info.clone(), classes })
     }
 

@@ -31,6 +31,25 @@ pub trait Backend: Send + Sync {
     /// Runs the model once. Blocks: call it off the async executor.
     ///
     /// # Errors
-    /// The framework's message when execution fails.
-    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String>;
+    /// [`BackendError::InvalidInput`] when the framework refuses the inputs
+    /// (e.g. a size the network cannot process), [`BackendError::Failed`]
+    /// for any other failure; both with the framework's message.
+    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError>;
+}
+
+/// Why a backend run failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BackendError {
+    /// The inputs fit the signature but the model cannot process them.
+    InvalidInput(String),
+    /// Anything else.
+    Failed(String),
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendError::InvalidInput(m) | BackendError::Failed(m) => f.write_str(m),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
-use super::{Backend, ModelIo};
+use super::{Backend, BackendError, ModelIo};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// The loaded ONNX Runtime library; creates sessions.
@@ -48,6 +48,8 @@ impl OnnxRuntime {
             .with_name("plinth")
             .build()
             .map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
+        // Failures reach the client and the log through Plinth's own errors.
+        env.set_log_level(ort::logging::LogLevel::Fatal);
         Ok(OnnxRuntime { env })
     }
 
@@ -103,13 +105,21 @@ impl Backend for OnnxModel {
         &self.metadata
     }
 
-    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         let values = inputs
             .into_iter()
             .map(|t| Ok((t.name.clone(), to_ort(&t)?)))
-            .collect::<Result<Vec<(String, DynValue)>, String>>()?;
-        let mut session = self.session.lock().map_err(|_| "the ONNX Runtime session was poisoned".to_owned())?;
-        let mut outputs = session.run(values).map_err(|e| format!("ONNX Runtime failed: {e}"))?;
+            .collect::<Result<Vec<(String, DynValue)>, String>>()
+            .map_err(BackendError::InvalidInput)?;
+        let mut session =
+            self.session.lock().map_err(|_| BackendError::Failed("the ONNX Runtime session was poisoned".into()))?;
+        let mut outputs = session.run(values).map_err(|e| {
+            let message = format!("ONNX Runtime cannot run these inputs: {e}");
+            match e.code() {
+                ort::error::ErrorCode::InvalidArgument => BackendError::InvalidInput(message),
+                _ => BackendError::Failed(message),
+            }
+        })?;
         self.outputs
             .iter()
             .map(|o| {
@@ -117,7 +127,8 @@ impl Backend for OnnxModel {
                     outputs.remove(&o.name).ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))?;
                 from_ort(&o.name, value)
             })
-            .collect()
+            .collect::<Result<_, String>>()
+            .map_err(BackendError::Failed)
     }
 }
 
@@ -222,7 +233,7 @@ fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
         }
         data
     } else {
-        let len = ty.byte_size(crate::tensor::element_count(&shape)).unwrap_or(0);
+        let len = crate::tensor::element_count(&shape).and_then(|n| ty.byte_size(n)).unwrap_or(0);
         let ptr = tensor.data_ptr().cast::<u8>();
         if len == 0 || ptr.is_null() {
             Vec::new()

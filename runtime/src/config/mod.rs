@@ -35,7 +35,7 @@ static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
 /// The parser's message, which names the offending field or value.
 pub fn parse(text: &str) -> Result<ModelConfig, String> {
     let desc = DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in the descriptor set");
-    let text = colon_before_lists(text);
+    let text = colon_before_lists(text.strip_prefix('\u{feff}').unwrap_or(text));
     let message = DynamicMessage::parse_text_format(desc, &text).map_err(|e| e.to_string())?;
     message.transcode_to::<ModelConfig>().map_err(|e| e.to_string())
 }

@@ -191,7 +191,7 @@ mod tests {
             name: "x".into(),
             datatype: dt,
             shape: shape.to_vec(),
-            data: vec![0; crate::tensor::element_count(shape) * 4],
+            data: vec![0; crate::tensor::element_count(shape).unwrap() * 4],
         };
         assert!(check_inputs(&s, "m", &[t(&[1, 2, 5], DataType::Fp32)]).is_ok());
         let err = check_inputs(&s, "m", &[t(&[1, 3, 5], DataType::Fp32)]).unwrap_err().to_string();

@@ -7,8 +7,8 @@ mod warmup;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::Backend;
 use crate::backend::onnx::{OnnxRuntime, SessionOptions};
+use crate::backend::{Backend, BackendError};
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
 use crate::error::Error;
 use crate::plugin::{ModelInfo, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
@@ -62,7 +62,12 @@ impl Model {
         check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
         let backend: Arc<dyn Backend> = Arc::new(backend);
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
-            None | Some("") => None,
+            None => None,
+            Some("") => {
+                return Err(format!(
+                    "parameter '{PLUGIN_PARAMETER}' is empty; name the plugin's .wasm file or leave the parameter out"
+                ));
+            }
             Some(file) => {
                 let info = ModelInfo {
                     name: dir.name.clone(),
@@ -125,7 +130,10 @@ impl Model {
         let mut outputs = tokio::task::spawn_blocking(move || backend.execute(inputs))
             .await
             .map_err(|e| Error::Internal(format!("model '{}' panicked: {e}", self.name)))?
-            .map_err(|e| Error::Internal(format!("model '{}': {e}", self.name)))?;
+            .map_err(|e| match e {
+                BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.name)),
+                BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.name)),
+            })?;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         if !requested.is_empty() {
             outputs.retain(|t| requested.contains(&t.name));
@@ -205,8 +213,11 @@ fn load_plugin(
     info: ModelInfo,
 ) -> Result<Plugin, String> {
     let wasm = dir.path.join(file);
-    if !wasm.is_file() {
+    if !wasm.exists() {
         return Err(format!("plugin '{file}' named in {} is not in {}", config::CONFIG_FILE, dir.path.display()));
+    }
+    if !wasm.is_file() {
+        return Err(format!("plugin '{file}' in {} is not a file", dir.path.display()));
     }
     if !repository::is_within(&wasm, &dir.path) {
         return Err(format!("plugin '{file}' must be inside the model folder {}", dir.path.display()));

@@ -31,7 +31,8 @@ pub fn sample_inputs(sample: &ModelWarmup, sig: &Signature, model_dir: &Path) ->
         if sig.max_batch_size > 0 {
             shape.insert(0, i64::from(sample.batch_size.max(1)));
         }
-        let data = sample_data(input, datatype, element_count(&shape), model_dir).map_err(fail)?;
+        let count = element_count(&shape).ok_or_else(|| fail(format!("shape {shape:?} has too many elements")))?;
+        let data = sample_data(input, datatype, count, model_dir).map_err(fail)?;
         inputs.push(Tensor { name: name.clone(), datatype, shape, data });
     }
     Ok(inputs)

@@ -69,10 +69,12 @@ pub struct AppState {
     pub in_flight: AtomicUsize,
     /// `--strict-readiness`: ready only when every model is READY.
     pub strict_readiness: bool,
+    /// `--http-max-body-bytes`, for the 413 message.
+    pub max_body_bytes: usize,
 }
 
 /// The KServe v2 routes.
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+pub fn router(state: Arc<AppState>) -> Router {
     let inference = Router::new()
         .route("/v2/models/{model}/infer", post(routes::infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
@@ -93,7 +95,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .merge(inference)
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::wrong_method)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }
 
@@ -140,6 +142,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         shutting_down: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         strict_readiness: opts.strict_readiness,
+        max_body_bytes: opts.http_max_body_bytes,
     });
 
     let addr = SocketAddr::new(opts.http_address, opts.http_port);
@@ -148,7 +151,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     tracing::info!("HTTP server listening on {local}");
 
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let app = router(state.clone(), opts.http_max_body_bytes);
+    let app = router(state.clone());
     let server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async { http_stopped.await.unwrap_or(()) }).await
     });

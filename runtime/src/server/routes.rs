@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::ApiError;
-use super::v2_json::{InferRequest, InferResponse, ModelMetadata, OutputTensor, TensorMetadata};
+use super::v2_json::{InferRequest, InferResponse, ModelMetadata, OutputTensor, TensorMetadata, binary_unsupported};
 use crate::error::Error;
 use crate::lifecycle::ControlMode;
 use crate::model::Model;
@@ -40,9 +40,17 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
         let name = params.get("model").cloned().unwrap_or_default();
         let version = match params.get("version") {
             None => None,
-            Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(format!("model version must be a non-negative whole number, got '{v}'"))
-            })?),
+            Some(v) => match crate::repository::parse_version(v) {
+                Some(v) => Some(v),
+                None if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') => {
+                    return Err(Error::NotFound(format!("model '{name}' has no version {v}")).into());
+                }
+                None => {
+                    return Err(ApiError::bad_request(format!(
+                        "model version must be a whole number without leading zeros, got '{v}'"
+                    )));
+                }
+            },
         };
         Ok(ModelRef { name, version })
     }
@@ -114,12 +122,17 @@ pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) ->
 pub async fn infer(
     State(state): State<Arc<AppState>>,
     model: ModelRef,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<InferResponse>> {
     let m = model.resolve(&state)?;
-    let body = body.map_err(rejected_body)?;
+    if headers.contains_key("inference-header-content-length") {
+        return Err(binary_unsupported().into());
+    }
+    let body = body.map_err(|e| rejected_body(&state, e))?;
     let request: InferRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed inference request JSON: {e}")))?;
+    request.refuse_binary()?;
     let inputs = request.inputs.into_iter().map(|i| i.into_tensor()).collect::<Result<Vec<_>, _>>()?;
     let requested: Vec<String> = request.outputs.unwrap_or_default().into_iter().map(|o| o.name).collect();
     let outputs = m.infer(inputs, &requested).await?;
@@ -142,7 +155,7 @@ pub async fn predict(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let m = model.resolve(&state)?;
-    let body = body.map_err(rejected_body)?;
+    let body = body.map_err(|e| rejected_body(&state, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
     let response = m.predict(request).await?;
@@ -151,13 +164,22 @@ pub async fn predict(
 
 /// `POST /v2/repository/index`: every model version and its state; with
 /// `{"ready": true}` only the READY ones.
-pub async fn repository_index(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
+pub async fn repository_index(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    #[derive(serde::Deserialize)]
+    struct IndexRequest {
+        #[serde(default)]
+        ready: bool,
+    }
+    let body = body.map_err(|e| rejected_body(&state, e))?;
     let ready_only = if body.is_empty() {
         false
     } else {
-        let request: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("malformed repository index request JSON: {e}")))?;
-        request.get("ready").and_then(serde_json::Value::as_bool).unwrap_or(false)
+        let request: IndexRequest = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("malformed repository index request: {e}")))?;
+        request.ready
     };
     let rows: Vec<_> = state.registry.index().into_iter().filter(|r| !ready_only || r.state == "READY").collect();
     Ok(Json(serde_json::to_value(rows).expect("index rows serialise")))
@@ -171,9 +193,10 @@ pub async fn repository_index(State(state): State<Arc<AppState>>, body: Bytes) -
 pub async fn load_model(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     explicit_mode(&state)?;
+    let body = body.map_err(|e| rejected_body(&state, e))?;
     let config = if body.is_empty() {
         None
     } else {
@@ -227,6 +250,11 @@ pub async fn wrong_method() -> ApiError {
     ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: "method not allowed on this route".into() }
 }
 
-fn rejected_body(e: BytesRejection) -> ApiError {
-    ApiError { status: e.status(), message: format!("cannot read the request body: {}", e.body_text()) }
+fn rejected_body(state: &AppState, e: BytesRejection) -> ApiError {
+    let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        format!("the request body is larger than {} bytes (--http-max-body-bytes)", state.max_body_bytes)
+    } else {
+        format!("cannot read the request body: {}", e.body_text())
+    };
+    ApiError { status: e.status(), message }
 }

@@ -2,7 +2,7 @@
 //! of JSON tensor `data` to and from raw tensor bytes.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element};
@@ -12,9 +12,38 @@ use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_
 pub struct InferRequest {
     #[serde(default)]
     pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
     pub inputs: Vec<InputTensor>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+impl InferRequest {
+    /// Refuses what the binary tensor data extension would carry
+    /// (`binary_data_size`, `binary_data`, `binary_data_output`), which
+    /// Plinth does not speak yet, rather than ignoring it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the parameter.
+    pub fn refuse_binary(&self) -> Result<(), Error> {
+        let set = |p: &Map<String, Value>, key: &str| p.get(key).is_some_and(|v| v != &Value::Bool(false));
+        let binary = set(&self.parameters, "binary_data_output")
+            || self.inputs.iter().any(|i| i.parameters.contains_key("binary_data_size"))
+            || self.outputs.iter().flatten().any(|o| set(&o.parameters, "binary_data"));
+        if binary {
+            return Err(binary_unsupported());
+        }
+        Ok(())
+    }
+}
+
+/// The error for a request that uses the binary tensor data extension.
+pub fn binary_unsupported() -> Error {
+    Error::Unsupported(
+        "the binary tensor data extension is not supported yet; send tensors as JSON (tritonclient: binary_data=False)"
+            .into(),
+    )
 }
 
 /// One input tensor of an inference request.
@@ -23,7 +52,10 @@ pub struct InputTensor {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    /// Row-major elements, flat or nested.
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
+    /// Row-major elements, flat or nested as the shape.
+    #[serde(default)]
     pub data: Value,
 }
 
@@ -31,6 +63,8 @@ pub struct InputTensor {
 #[derive(Debug, Deserialize)]
 pub struct RequestedOutput {
     pub name: String,
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
 }
 
 /// The inference response body.
@@ -104,14 +138,17 @@ impl InputTensor {
         if let Some(d) = self.shape.iter().find(|&&d| d < 0) {
             return Err(bad(format!("shape {:?} has a negative dimension {d}", self.shape)));
         }
+        let expected = element_count(&self.shape)
+            .filter(|n| n.checked_mul(datatype.element_size().unwrap_or(4)).is_some())
+            .ok_or_else(|| bad(format!("shape {:?} has too many elements", self.shape)))?;
         let mut data = Vec::new();
         let mut count = 0usize;
-        flatten(&self.data, &mut |v| {
+        flatten(&self.data, &self.shape, &mut |v| {
             encode_element(datatype, v, &mut data).map_err(|m| bad(format!("element {count}: {m}")))?;
             count += 1;
             Ok(())
-        })?;
-        let expected = element_count(&self.shape);
+        })
+        .map_err(|m| bad(format!("data: {m}")))??;
         if count != expected {
             return Err(bad(format!("shape {:?} needs {expected} elements, but data has {count}", self.shape)));
         }
@@ -119,11 +156,43 @@ impl InputTensor {
     }
 }
 
-/// Visits the scalars of a (possibly nested) JSON array in row-major order.
-fn flatten(v: &Value, f: &mut impl FnMut(&Value) -> Result<(), Error>) -> Result<(), Error> {
+/// Visits the scalars of `data` in row-major order. `data` is a flat array,
+/// or nested to follow `dims` from the outside in: an array of arrays must
+/// have `dims[0]` items, and an array of scalars holds the rest of the
+/// shape flat. Ragged or mixed nesting is an error (outer `Err`); the
+/// visitor's own errors come back in the inner `Result`.
+fn flatten(
+    data: &Value,
+    dims: &[i64],
+    visit: &mut impl FnMut(&Value) -> Result<(), Error>,
+) -> Result<Result<(), Error>, String> {
+    let Value::Array(items) = data else { return Ok(visit(data)) };
+    if !items.iter().any(Value::is_array) {
+        return Ok(items.iter().try_for_each(visit));
+    }
+    let Some((&outer, inner)) = dims.split_first() else {
+        return Err("nested deeper than the shape".into());
+    };
+    if !items.iter().all(Value::is_array) || items.len() as i64 != outer {
+        return Err(format!("a nested array must hold {outer} arrays, one per index of that dimension"));
+    }
+    for item in items {
+        let held = visit_count(item);
+        if held != element_count(inner).unwrap_or(usize::MAX) {
+            return Err(format!("a nested array holds {held} elements where the shape needs {inner:?}"));
+        }
+        if let Err(e) = flatten(item, inner, visit)? {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// How many scalars a JSON value holds.
+fn visit_count(v: &Value) -> usize {
     match v {
-        Value::Array(items) => items.iter().try_for_each(|item| flatten(item, f)),
-        scalar => f(scalar),
+        Value::Array(items) => items.iter().map(visit_count).sum(),
+        _ => 1,
     }
 }
 
@@ -149,7 +218,13 @@ fn encode_element(dt: DataType, v: &Value, out: &mut Vec<u8>) -> Result<(), Stri
         DataType::Int16 => out.extend(int::<i16>(v, dt)?.to_le_bytes()),
         DataType::Int32 => out.extend(int::<i32>(v, dt)?.to_le_bytes()),
         DataType::Int64 => out.extend(int::<i64>(v, dt)?.to_le_bytes()),
-        DataType::Fp32 => out.extend((float()? as f32).to_le_bytes()),
+        DataType::Fp32 => {
+            let x = float()? as f32;
+            if x.is_infinite() {
+                return Err(format!("{v} is out of range for FP32"));
+            }
+            out.extend(x.to_le_bytes())
+        }
         DataType::Fp64 => out.extend(float()?.to_le_bytes()),
         DataType::Bytes => {
             let s = v.as_str().ok_or_else(|| format!("expected a string for BYTES, got {v}"))?;
@@ -213,7 +288,7 @@ mod tests {
     use serde_json::json;
 
     fn input(datatype: &str, shape: &[i64], data: Value) -> InputTensor {
-        InputTensor { name: "x".into(), shape: shape.to_vec(), datatype: datatype.into(), data }
+        InputTensor { name: "x".into(), shape: shape.to_vec(), datatype: datatype.into(), parameters: Map::new(), data }
     }
 
     #[test]
@@ -261,5 +336,19 @@ mod tests {
         assert!(err.contains("unknown datatype 'FLOAT32'"), "{err}");
         let err = input("FP16", &[1], json!([1])).into_tensor().unwrap_err().to_string();
         assert!(err.contains("binary tensor data extension"), "{err}");
+        let err = input("FP32", &[1], json!([1e39])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("out of range for FP32"), "{err}");
+        let err = input("FP32", &[1, 3, 1 << 61], json!([])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("too many elements"), "{err}");
+    }
+
+    #[test]
+    fn nesting_must_follow_the_shape() {
+        let ok = input("INT8", &[2, 2, 2], json!([[1, 2, 3, 4], [5, 6, 7, 8]])).into_tensor().unwrap();
+        assert_eq!(ok.data, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        for ragged in [json!([[1, 2, 3], [4, 5, 6, 7, 8]]), json!([[1, 2], 3, 4, 5, 6, 7, 8]), json!([[[[1]]]])] {
+            let err = input("INT8", &[2, 2, 2], ragged.clone()).into_tensor().unwrap_err().to_string();
+            assert!(err.contains("input 'x': data:"), "{ragged}: {err}");
+        }
     }
 }
