@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::lifecycle::ControlMode;
+use crate::lifecycle::{ControlMode, LoadLimits};
+use crate::residency::Budget;
 use crate::plugin::PluginLimits;
 use crate::server::ServeOptions;
 
@@ -52,6 +53,11 @@ pub enum ModelControlMode {
     Poll,
     /// Load `--load-model` models at start; then the repository API decides.
     Explicit,
+    /// Like explicit, and a request for a model that is not in memory loads
+    /// it, evicting the least recently used ones to stay within
+    /// `--model-memory-budget` / `--max-loaded-models`.
+    #[value(name = "on_demand")]
+    OnDemand,
 }
 
 /// Flags of `plinth serve`.
@@ -70,9 +76,35 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     pub repository_poll_secs: u64,
 
-    /// Explicit mode: a model to load at start (repeat; `*` loads all).
+    /// Explicit and on-demand mode: a model to load at start (repeat; `*`
+    /// loads all). In on-demand mode these stay resident (pinned).
     #[arg(long = "load-model", value_name = "NAME")]
     pub load_models: Vec<String>,
+
+    /// On-demand mode: host memory for all resident models, e.g. 2GiB.
+    #[arg(long, value_parser = parse_bytes)]
+    pub model_memory_budget: Option<usize>,
+
+    /// On-demand mode: at most this many resident models.
+    #[arg(long)]
+    pub max_loaded_models: Option<usize>,
+
+    /// Model loads that run at once (default: one per core).
+    #[arg(long)]
+    pub model_load_concurrency: Option<usize>,
+
+    /// On-demand mode: seconds a request waits for its model to load
+    /// before it gets 503 (the load goes on).
+    #[arg(long, default_value_t = 60)]
+    pub model_load_timeout_secs: u64,
+
+    /// Port of the Prometheus metrics (`GET /metrics`; 0 picks a free port).
+    #[arg(long, default_value_t = 8002)]
+    pub metrics_port: u16,
+
+    /// Serve metrics at all.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_metrics: bool,
 
     /// Seconds accepted requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30)]
@@ -148,8 +180,15 @@ impl ServeArgs {
     /// # Errors
     /// A message for flags that contradict each other.
     pub fn options(&self) -> Result<ServeOptions, String> {
-        if !self.load_models.is_empty() && self.model_control_mode != ModelControlMode::Explicit {
-            return Err("--load-model needs --model-control-mode=explicit (other modes load every model)".into());
+        let selective = matches!(self.model_control_mode, ModelControlMode::Explicit | ModelControlMode::OnDemand);
+        if !self.load_models.is_empty() && !selective {
+            return Err("--load-model needs --model-control-mode=explicit or on_demand (the others load every model)".into());
+        }
+        let budgeted = self.model_memory_budget.is_some() || self.max_loaded_models.is_some();
+        if budgeted && self.model_control_mode != ModelControlMode::OnDemand {
+            return Err("--model-memory-budget and --max-loaded-models need --model-control-mode=on_demand, \
+                        where models leave memory and come back on the next request"
+                .into());
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Ok(ServeOptions {
@@ -158,7 +197,17 @@ impl ServeArgs {
                 ModelControlMode::None => ControlMode::None,
                 ModelControlMode::Poll => ControlMode::Poll,
                 ModelControlMode::Explicit => ControlMode::Explicit,
+                ModelControlMode::OnDemand => ControlMode::OnDemand,
             },
+            load_limits: LoadLimits {
+                concurrency: self.model_load_concurrency.unwrap_or(cores),
+                timeout: Duration::from_secs(self.model_load_timeout_secs),
+                budget: Budget {
+                    bytes: self.model_memory_budget.map(|b| b as u64),
+                    models: self.max_loaded_models,
+                },
+            },
+            metrics_port: self.allow_metrics.then_some(self.metrics_port),
             repository_poll: Duration::from_secs(self.repository_poll_secs),
             load_models: self.load_models.clone(),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),

@@ -28,6 +28,14 @@ pub struct Slot {
     pub state: VersionState,
     /// The last failure, if any.
     pub reason: String,
+    /// Measured memory footprint while READY, in bytes.
+    pub bytes: u64,
+}
+
+impl Slot {
+    fn new(state: VersionState) -> Slot {
+        Slot { state, reason: String::new(), bytes: 0 }
+    }
 }
 
 /// A model's versions and standing.
@@ -63,6 +71,8 @@ pub struct IndexEntry {
     pub state: &'static str,
     /// Why it is UNAVAILABLE, or why its last reload failed; else empty.
     pub reason: String,
+    /// Memory the version holds while READY (measured at load), in bytes.
+    pub resident_bytes: u64,
 }
 
 /// A version taken out of service that still has requests in flight: it
@@ -87,20 +97,21 @@ impl Registry {
         f(models.entry(name.to_owned()).or_default())
     }
 
-    /// Lists `name` as a model of the repository that nobody asked to load
-    /// (explicit mode), unless it is known already.
-    pub fn add_unloaded(&self, name: &str) {
+    /// Lists `name` as a model of the repository that is not loaded, with
+    /// `reason`, unless it is known already.
+    pub fn add_unloaded(&self, name: &str, reason: &str) {
         self.update(name, |e| {
             if e.versions.is_empty() && e.error.is_none() {
-                e.error = Some("not loaded".into());
+                e.error = Some(reason.to_owned());
             }
         });
     }
 
-    /// Marks `name` as wanted (it should serve) and clears a model-level error.
-    pub fn want(&self, name: &str) {
+    /// A load of `name` begins: clears a model-level error and, with
+    /// `wanted`, makes the model count for readiness from now on.
+    pub fn begin_load(&self, name: &str, wanted: bool) {
         self.update(name, |e| {
-            e.wanted = true;
+            e.wanted |= wanted;
             e.error = None;
         });
     }
@@ -116,18 +127,19 @@ impl Registry {
     pub fn set_loading(&self, name: &str, version: u64) {
         self.update(name, |e| {
             let slot =
-                e.versions.entry(version).or_insert(Slot { state: VersionState::Loading, reason: String::new() });
+                e.versions.entry(version).or_insert(Slot::new(VersionState::Loading));
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Loading;
             }
         });
     }
 
-    /// Version `version` of `name` is loaded: it serves from now on. A model
-    /// it replaces finishes its in-flight requests, then is dropped.
-    pub fn set_ready(&self, name: &str, version: u64, model: Arc<Model>) {
+    /// Version `version` of `name` is loaded, holding `bytes`: it serves
+    /// from now on. A model it replaces finishes its in-flight requests, then
+    /// is dropped.
+    pub fn set_ready(&self, name: &str, version: u64, model: Arc<Model>, bytes: u64) {
         let old = self.update(name, |e| {
-            let slot = Slot { state: VersionState::Ready(model), reason: String::new() };
+            let slot = Slot { state: VersionState::Ready(model), reason: String::new(), bytes };
             e.versions.insert(version, slot).map(|s| s.state)
         });
         if let Some(VersionState::Ready(old)) = old {
@@ -140,7 +152,7 @@ impl Registry {
     pub fn set_failed(&self, name: &str, version: u64, reason: &str) {
         self.update(name, |e| {
             let slot =
-                e.versions.entry(version).or_insert(Slot { state: VersionState::Unavailable, reason: String::new() });
+                e.versions.entry(version).or_insert(Slot::new(VersionState::Unavailable));
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Unavailable;
             }
@@ -176,19 +188,37 @@ impl Registry {
             .is_some_and(|s| matches!(s.state, VersionState::Ready(_)))
     }
 
-    /// Unloads every version of `name`: later requests get 503 "unloaded";
-    /// requests in flight finish first.
-    pub fn unload(&self, name: &str) {
+    /// Takes every version of `name` out of service, recording `reason`:
+    /// later requests get 503 with it; requests in flight finish first.
+    /// Returns the models taken out, so the caller can drop them and give
+    /// their memory back.
+    pub fn unload(&self, name: &str, reason: &str) -> Vec<Arc<Model>> {
         let old = self.update(name, |e| {
             e.wanted = false;
-            e.error = Some("unloaded".into());
+            e.error = Some(reason.to_owned());
             std::mem::take(&mut e.versions)
         });
+        let mut models = Vec::new();
         for (version, slot) in old {
             if let VersionState::Ready(model) = slot.state {
                 self.drain(name, version, &model);
+                models.push(model);
             }
         }
+        models
+    }
+
+    /// Whether `name` has a READY version.
+    pub fn has_ready(&self, name: &str) -> bool {
+        let models = self.models.read().expect("registry lock");
+        models.get(name).is_some_and(|e| e.ready().next().is_some())
+    }
+
+    /// Whether a request is using one of the READY versions of `name`: the
+    /// registry holds one reference, each request in flight another.
+    pub fn is_busy(&self, name: &str) -> bool {
+        let models = self.models.read().expect("registry lock");
+        models.get(name).is_some_and(|e| e.ready().any(|(_, m)| Arc::strong_count(m) > 1))
     }
 
     fn drain(&self, name: &str, version: u64, model: &Arc<Model>) {
@@ -249,19 +279,21 @@ impl Registry {
                         version: String::new(),
                         state: "UNAVAILABLE",
                         reason: reason.clone(),
+                        resident_bytes: 0,
                     });
                 }
                 for (v, slot) in &entry.versions {
-                    let state = match slot.state {
-                        VersionState::Loading => "LOADING",
-                        VersionState::Ready(_) => "READY",
-                        VersionState::Unavailable => "UNAVAILABLE",
+                    let (state, resident_bytes) = match slot.state {
+                        VersionState::Loading => ("LOADING", 0),
+                        VersionState::Ready(_) => ("READY", slot.bytes),
+                        VersionState::Unavailable => ("UNAVAILABLE", 0),
                     };
                     rows.push(IndexEntry {
                         name: name.clone(),
                         version: v.to_string(),
                         state,
                         reason: slot.reason.clone(),
+                        resident_bytes,
                     });
                 }
             }
@@ -274,6 +306,7 @@ impl Registry {
                 version: d.version.to_string(),
                 state: "UNLOADING",
                 reason: String::new(),
+                resident_bytes: 0,
             });
         }
         rows.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));

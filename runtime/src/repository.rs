@@ -124,6 +124,11 @@ impl Fingerprint {
         files.sort();
         Fingerprint(files)
     }
+
+    /// The total size of the files, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.0.iter().map(|(_, size, _)| size).sum()
+    }
 }
 
 fn collect(dir: &Path, recursive: bool, files: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {

@@ -71,6 +71,7 @@ pub fn copy_dir(from: &Path, to: &Path) {
 pub struct Server {
     child: Child,
     base: String,
+    metrics_base: String,
     log: Arc<Mutex<String>>,
 }
 
@@ -79,7 +80,8 @@ impl Server {
     /// port, and waits until its start-up loading has finished.
     pub fn start(repository: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(binary())
-            .args(["serve", "--http-address", "127.0.0.1", "--http-port", "0", "--model-repository"])
+            .args(["serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0"])
+            .arg("--model-repository")
             .arg(repository)
             .args(extra)
             .env("ORT_DYLIB_PATH", ort_dylib_path())
@@ -97,7 +99,9 @@ impl Server {
                 log.push('\n');
             }
         });
-        let mut server = Server { child, base: String::new(), log };
+        let mut server = Server { child, base: String::new(), metrics_base: String::new(), log };
+        let addr = server.wait_for_log("metrics listening on ");
+        server.metrics_base = format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
         let addr = server.wait_for_log("HTTP server listening on ");
         server.base = format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
         server.wait_for_log("start-up loading finished");
@@ -127,6 +131,26 @@ impl Server {
     /// The full URL of `path` on this server.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// The value of the Prometheus sample `series` (e.g.
+    /// `plinth_model_loads_total{model="a"}`); 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = client().get(format!("{}/metrics", self.metrics_base)).send().unwrap().text().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
+    /// The process's resident memory in bytes (`VmRSS` in /proc/PID/status).
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status");
+        kb * 1024
     }
 
     /// GET `path`: status and body parsed as JSON (`null` if empty).

@@ -19,7 +19,8 @@ use axum::routing::{get, post};
 
 use crate::backend::onnx::OnnxRuntime;
 use crate::error::Error;
-use crate::lifecycle::{ControlMode, Lifecycle};
+use crate::lifecycle::{ControlMode, Lifecycle, LoadLimits};
+use crate::metrics::Metrics;
 use crate::model::Runtimes;
 use crate::plugin::{PluginHost, PluginLimits};
 use crate::registry::Registry;
@@ -35,8 +36,12 @@ pub struct ServeOptions {
     pub control_mode: ControlMode,
     /// Poll mode: time between two looks at the repositories.
     pub repository_poll: Duration,
-    /// Explicit mode: the models to load at start (`*`: all).
+    /// Explicit and on-demand mode: the models to load at start (`*`: all).
     pub load_models: Vec<String>,
+    /// Load concurrency, load timeout and the residency budget.
+    pub load_limits: LoadLimits,
+    /// Port of `GET /metrics`; `None` serves no metrics.
+    pub metrics_port: Option<u16>,
     /// Address the HTTP server binds.
     pub http_address: std::net::IpAddr,
     /// 0 picks a free port (logged at start).
@@ -133,8 +138,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         plugins: PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?,
     };
     let registry = Arc::new(Registry::default());
-    let lifecycle =
-        Arc::new(Lifecycle::new(runtimes, registry.clone(), opts.model_repositories.clone(), opts.control_mode));
+    let metrics = Arc::new(Metrics::new());
+    let lifecycle = Arc::new(Lifecycle::new(
+        runtimes,
+        registry.clone(),
+        opts.model_repositories.clone(),
+        opts.control_mode,
+        opts.load_limits,
+        metrics.clone(),
+    ));
     let state = Arc::new(AppState {
         registry,
         lifecycle: lifecycle.clone(),
@@ -149,6 +161,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("HTTP server listening on {local}");
+
+    if let Some(port) = opts.metrics_port {
+        let addr = SocketAddr::new(opts.http_address, port);
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+        tracing::info!("metrics listening on {}", listener.local_addr().map_err(|e| e.to_string())?);
+        let app = Router::new().route("/metrics", get(move || async move { metrics.render() }));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
 
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let app = router(state.clone());

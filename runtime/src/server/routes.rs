@@ -57,8 +57,9 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
 }
 
 impl ModelRef {
-    fn resolve(&self, state: &AppState) -> Result<Arc<Model>, Error> {
-        state.registry.resolve(&self.name, self.version)
+    /// The model to serve; in on-demand mode this loads it if needed.
+    async fn resolve(&self, state: &AppState) -> Result<Arc<Model>, Error> {
+        state.lifecycle.resolve(&self.name, self.version).await
     }
 }
 
@@ -91,7 +92,7 @@ pub async fn server_metadata() -> Json<serde_json::Value> {
 /// `GET /v2/models/{m}[/versions/{v}]`: the model's versions, platform and
 /// tensors (shapes with -1 for any size, batch dimension included).
 pub async fn model_metadata(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<Json<ModelMetadata>> {
-    let m = model.resolve(&state)?;
+    let m = model.resolve(&state).await?;
     let tensors = |specs: &[crate::tensor::TensorSpec]| {
         specs
             .iter()
@@ -114,7 +115,7 @@ pub async fn model_metadata(State(state): State<Arc<AppState>>, model: ModelRef)
 /// `GET /v2/models/{m}[/versions/{v}]/ready`: 200 when READY; otherwise the
 /// error status (404 unknown, 503 unavailable) and why.
 pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<StatusCode> {
-    model.resolve(&state)?;
+    state.registry.resolve(&model.name, model.version)?;
     Ok(StatusCode::OK)
 }
 
@@ -125,7 +126,7 @@ pub async fn infer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<InferResponse>> {
-    let m = model.resolve(&state)?;
+    let m = model.resolve(&state).await?;
     if headers.contains_key("inference-header-content-length") {
         return Err(binary_unsupported().into());
     }
@@ -154,7 +155,7 @@ pub async fn predict(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&state)?;
+    let m = model.resolve(&state).await?;
     let body = body.map_err(|e| rejected_body(&state, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
@@ -230,7 +231,7 @@ pub async fn unload_model(
 
 fn explicit_mode(state: &AppState) -> Result<(), ApiError> {
     match state.lifecycle.mode() {
-        ControlMode::Explicit => Ok(()),
+        ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
         mode => Err(ApiError::bad_request(format!(
             "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
         ))),

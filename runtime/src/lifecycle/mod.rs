@@ -8,7 +8,17 @@
 //!   shows as UNAVAILABLE with the reason, every time it is tried;
 //! - an unchanged version is never reloaded;
 //! - in poll mode a folder is acted on only once its files stayed the same
-//!   for a whole poll interval, so half-copied files are not loaded.
+//!   for a whole poll interval, so half-copied files are not loaded;
+//! - in on-demand mode a request for a model that is not resident loads it
+//!   (one load however many requests wait), evicting the least recently
+//!   used models when the memory budget would be exceeded (`on_demand`).
+
+mod check;
+mod on_demand;
+
+pub use check::check_repository;
+pub use on_demand::PINNED_PARAMETER;
+use on_demand::parameter_says_pinned;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -17,9 +27,11 @@ use std::time::Instant;
 
 use crate::config::{self, ModelConfig};
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::{Model, Runtimes};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
+use crate::residency::{self, Budget, Residency};
 
 /// How the set of loaded models changes after start (Triton's
 /// `--model-control-mode`).
@@ -32,6 +44,9 @@ pub enum ControlMode {
     /// Load only `--load-model` models at start; then the load and unload
     /// API decides.
     Explicit,
+    /// Like `explicit`, and a request for a model that is not resident
+    /// loads it, within the memory budget.
+    OnDemand,
 }
 
 impl std::fmt::Display for ControlMode {
@@ -40,6 +55,7 @@ impl std::fmt::Display for ControlMode {
             ControlMode::None => "none",
             ControlMode::Poll => "poll",
             ControlMode::Explicit => "explicit",
+            ControlMode::OnDemand => "on_demand",
         })
     }
 }
@@ -50,18 +66,33 @@ impl std::fmt::Display for ControlMode {
 type LoadKey = (Fingerprint, Fingerprint, Option<String>);
 
 /// What the lifecycle last did with one model. Its mutex also serialises
-/// the loads and unloads of that model.
+/// the loads and unloads of that model: concurrent first requests for a cold
+/// model wait on it, and find the model loaded.
 #[derive(Default)]
 struct ModelRecord {
     /// The files (and override) the last load attempt saw; poll mode tries
     /// again only when they change.
     attempted: Option<(ModelFiles, Option<String>)>,
-    /// Each READY version's origin.
-    loaded: BTreeMap<u64, LoadKey>,
+    /// Why that attempt failed, if it did.
+    failure: Option<String>,
+    /// Each READY version's origin and measured footprint in bytes.
+    loaded: BTreeMap<u64, (LoadKey, u64)>,
 }
 
-/// Owns the loading of models: the runtimes, the registry it updates, and
-/// what was loaded from where.
+/// How loads are bounded (flags of `plinth serve`).
+#[derive(Clone, Copy, Debug)]
+pub struct LoadLimits {
+    /// Loads that run at once (`--model-load-concurrency`).
+    pub concurrency: usize,
+    /// How long a request waits for its model to load
+    /// (`--model-load-timeout-secs`).
+    pub timeout: std::time::Duration,
+    /// What may be resident at once (on-demand mode).
+    pub budget: Budget,
+}
+
+/// Owns the loading of models: the runtimes, the registry it updates, what
+/// was loaded from where, and what is resident.
 pub struct Lifecycle {
     runtimes: Arc<Runtimes>,
     registry: Arc<Registry>,
@@ -70,18 +101,39 @@ pub struct Lifecycle {
     records: Mutex<HashMap<String, Arc<tokio::sync::Mutex<ModelRecord>>>>,
     /// Poll mode: each model folder as the previous poll saw it.
     observed: Mutex<HashMap<String, ModelFiles>>,
+    residency: Residency,
+    /// Models never evicted: those named by `--load-model` in on-demand mode.
+    pinned: Mutex<Vec<String>>,
+    load_permits: tokio::sync::Semaphore,
+    load_timeout: std::time::Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Lifecycle {
-    /// A lifecycle over `repositories` that records states in `registry`.
+    /// A lifecycle over `repositories` that records states in `registry`
+    /// and counts in `metrics`.
     pub fn new(
         runtimes: Runtimes,
         registry: Arc<Registry>,
         repositories: Vec<PathBuf>,
         mode: ControlMode,
+        limits: LoadLimits,
+        metrics: Arc<Metrics>,
     ) -> Lifecycle {
-        let runtimes = Arc::new(runtimes);
-        Lifecycle { runtimes, registry, repositories, mode, records: Mutex::default(), observed: Mutex::default() }
+        metrics.budget_bytes.set(limits.budget.bytes.map_or(0, |b| b as i64));
+        Lifecycle {
+            runtimes: Arc::new(runtimes),
+            registry,
+            repositories,
+            mode,
+            records: Mutex::default(),
+            observed: Mutex::default(),
+            residency: Residency::new(limits.budget),
+            pinned: Mutex::default(),
+            load_permits: tokio::sync::Semaphore::new(limits.concurrency.max(1)),
+            load_timeout: limits.timeout,
+            metrics,
+        }
     }
 
     /// The control mode.
@@ -90,20 +142,29 @@ impl Lifecycle {
     }
 
     /// The start-up loads: every model in `none` and `poll` mode; in
-    /// `explicit` mode the models named in `load_models` (`*` for all),
-    /// the others listed as not loaded. Failures are logged and shown in the
-    /// index; they never stop the other models.
+    /// `explicit` and `on_demand` mode the models named in `load_models`
+    /// (`*` for all; pinned in on-demand mode), the others listed as not
+    /// loaded. Failures are logged and shown in the index; they never stop
+    /// the other models.
     ///
     /// # Errors
     /// A message when a repository cannot be read.
     pub async fn start(&self, load_models: &[String]) -> Result<(), String> {
         let dirs = repository::scan(&self.repositories)?;
-        let all = self.mode != ControlMode::Explicit || load_models.iter().any(|m| m == "*");
+        let selective = matches!(self.mode, ControlMode::Explicit | ControlMode::OnDemand);
+        let all = !selective || load_models.iter().any(|m| m == "*");
         let wanted: Vec<String> =
             if all { dirs.iter().map(|d| d.name.clone()).collect() } else { load_models.to_vec() };
+        if self.mode == ControlMode::OnDemand {
+            *self.pinned.lock().expect("pinned lock") = wanted.clone();
+        }
+        let not_loaded = match self.mode {
+            ControlMode::OnDemand => "not resident; the first request for it loads it",
+            _ => "not loaded",
+        };
         for dir in &dirs {
             if !wanted.contains(&dir.name) {
-                self.registry.add_unloaded(&dir.name);
+                self.registry.add_unloaded(&dir.name, not_loaded);
             }
         }
         for name in &wanted {
@@ -130,18 +191,33 @@ impl Lifecycle {
     pub async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), Error> {
         // A name with no folder leaves no trace: a typo in a load request
         // must not make the server unready.
-        let Some(dir) = self.find(name) else {
+        let dir = self.find(name).ok_or_else(|| {
             let reason = format!("no model folder '{name}' in the model repositories");
             tracing::error!(model = %name, "cannot load: {reason}");
-            return Err(Error::InvalidArgument(format!("failed to load '{name}': {reason}")));
-        };
+            Error::InvalidArgument(format!("failed to load '{name}': {reason}"))
+        })?;
         let record = self.record(name);
         let mut record = record.lock().await;
-        self.registry.want(name);
-        let files = ModelFiles::observe(&dir);
-        let result = self.load_versions(&dir, &files, config_json.as_deref(), &mut record).await;
+        self.load_locked(&dir, config_json, true, &mut record)
+            .await
+            .map_err(|reason| Error::InvalidArgument(format!("failed to load '{name}': {reason}")))
+    }
+
+    /// Loads `dir` with its record held; `wanted` makes it count for
+    /// readiness.
+    async fn load_locked(
+        &self,
+        dir: &ModelDir,
+        config_json: Option<String>,
+        wanted: bool,
+        record: &mut ModelRecord,
+    ) -> Result<(), String> {
+        self.registry.begin_load(&dir.name, wanted);
+        let files = ModelFiles::observe(dir);
+        let result = self.load_versions(dir, &files, config_json.as_deref(), record).await;
         record.attempted = Some((files, config_json));
-        result.map_err(|reason| Error::InvalidArgument(format!("failed to load '{name}': {reason}")))
+        record.failure = result.as_ref().err().cloned();
+        result
     }
 
     async fn load_versions(
@@ -172,18 +248,35 @@ impl Lifecycle {
             tracing::error!(model = %name, "cannot load: {reason}");
             return Err(reason);
         }
+        let changed: Vec<(u64, LoadKey)> = targets
+            .iter()
+            .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
+            .filter(|(v, key)| {
+                let unchanged = record.loaded.get(v).is_some_and(|(k, _)| k == key) && self.registry.is_ready(name, *v);
+                if unchanged {
+                    tracing::debug!(model = %name, version = v, "unchanged: not reloaded");
+                }
+                !unchanged
+            })
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        // Room is made before loading for a model whose footprint is known.
+        // An unknown one loads first and is measured (the budget is exceeded
+        // by at most its size meanwhile), so that a model too large for the
+        // whole budget never evicts anything.
+        match self.residency.known_footprint(name) {
+            Some(known) => self.make_room(name, known)?,
+            None => self.residency.check_fits(name, changed.iter().map(|(v, _)| files.versions[v].bytes()).sum())?,
+        }
         let mut failures = Vec::new();
-        for &version in &targets {
-            let key = (files.top.clone(), files.versions[&version].clone(), config_json.map(str::to_owned));
-            if record.loaded.get(&version) == Some(&key) && self.registry.is_ready(name, version) {
-                tracing::debug!(model = %name, version, "unchanged: not reloaded");
-                continue;
-            }
+        for (version, key) in changed {
             self.registry.set_loading(name, version);
             match self.load_version(dir, version, &config).await {
-                Ok(model) => {
-                    self.registry.set_ready(name, version, model);
-                    record.loaded.insert(version, key);
+                Ok((model, bytes)) => {
+                    self.registry.set_ready(name, version, model, bytes);
+                    record.loaded.insert(version, (key, bytes));
                 }
                 Err(reason) => {
                     tracing::error!(model = %name, version, "load failed: {reason}");
@@ -194,25 +287,52 @@ impl Lifecycle {
         }
         self.registry.retire_versions(name, &targets);
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
+        let footprint = record.loaded.values().map(|(_, bytes)| bytes).sum();
+        self.settle(name, footprint, parameter_says_pinned(&config))?;
         if failures.is_empty() { Ok(()) } else { Err(failures.join("; ")) }
     }
 
-    /// Loads and warms up one version off the async executor, logging each
-    /// stage with the milliseconds since the start.
-    async fn load_version(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<Arc<Model>, String> {
+    /// Loads and warms up one version off the async executor, at most
+    /// `--model-load-concurrency` at a time, logging each stage with the
+    /// milliseconds since the start. Returns the model and its footprint:
+    /// the growth of the process's resident memory across the load, and at
+    /// least the size of the version's files (loads running side by side
+    /// share their growth, so a footprint can come out high, never below
+    /// the weights).
+    async fn load_version(
+        &self,
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+    ) -> Result<(Arc<Model>, u64), String> {
+        let _permit = self.load_permits.acquire().await.map_err(|_| "the server is shutting down".to_owned())?;
+        self.metrics.loads.with_label_values(&[&dir.name]).inc();
+        self.metrics.loads_in_progress.inc();
         let (dir, config, runtimes) = (dir.clone(), config.clone(), self.runtimes.clone());
         let loading = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let ms = || started.elapsed().as_millis() as u64;
+            // Free pages go back before and after, so the growth measured is
+            // what this load keeps, not what it or another freed.
+            residency::release_freed_memory();
+            let rss_before = residency::process_rss();
             tracing::info!(model = %dir.name, version, "load: start");
-            let model = Model::load(&dir, version, &config, &runtimes)?;
-            tracing::info!(model = %dir.name, version, ms = ms(), "load: session created");
-            let runs = model.warm_up(&dir.path)?;
-            tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");
-            tracing::info!(model = %dir.name, version, ms = ms(), "load: ready");
-            Ok(Arc::new(model))
+            let loaded = Model::load(&dir, version, &config, &runtimes).and_then(|model| {
+                tracing::info!(model = %dir.name, version, ms = ms(), "load: session created");
+                let runs = model.warm_up(&dir.path)?;
+                tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");
+                Ok(model)
+            });
+            let model = loaded.inspect_err(|_| tracing::info!(model = %dir.name, version, ms = ms(), "load: failed"))?;
+            residency::release_freed_memory();
+            let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
+            let bytes = residency::process_rss().saturating_sub(rss_before).max(weights);
+            tracing::info!(model = %dir.name, version, ms = ms(), bytes, "load: ready");
+            Ok((Arc::new(model), bytes))
         });
-        loading.await.map_err(|e| format!("loading panicked: {e}"))?
+        let result = loading.await.map_err(|e| format!("loading panicked: {e}"));
+        self.metrics.loads_in_progress.dec();
+        result?
     }
 
     /// Unloads every version of `name`. Requests already accepted finish;
@@ -226,7 +346,7 @@ impl Lifecycle {
         if self.find(name).is_none() && self.registry.resolve(name, None).is_err() {
             return Err(Error::NotFound(format!("unknown model '{name}'")));
         }
-        self.registry.unload(name);
+        self.take_out(name, "unloaded");
         *record = ModelRecord::default();
         tracing::info!(model = %name, "unloaded");
         Ok(())
@@ -296,33 +416,4 @@ fn model_config(dir: &ModelDir, config_json: Option<&str>) -> Result<ModelConfig
             config.name, dir.name
         ))
     }
-}
-
-/// Checks a repository without serving it: every configuration parses and
-/// every selected version loads (model file, configuration against it,
-/// plugin instantiation). Returns one line per problem, naming the model and
-/// version; empty when all is well.
-pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result<Vec<String>, String> {
-    let mut problems = Vec::new();
-    for dir in repository::scan(repositories)? {
-        let config = match model_config(&dir, None) {
-            Ok(c) => c,
-            Err(reason) => {
-                problems.push(format!("model '{}': {reason}", dir.name));
-                continue;
-            }
-        };
-        let available = repository::versions(&dir);
-        let targets = repository::select_versions(config.version_policy.as_ref(), &available);
-        if targets.is_empty() {
-            problems
-                .push(format!("model '{}': no version folder for its version_policy among {available:?}", dir.name));
-        }
-        for version in targets {
-            if let Err(reason) = Model::load(&dir, version, &config, runtimes) {
-                problems.push(format!("model '{}' version {version}: {reason}", dir.name));
-            }
-        }
-    }
-    Ok(problems)
 }

@@ -1,0 +1,36 @@
+//! `plinth check`: validating a repository without serving it.
+
+use std::path::PathBuf;
+
+use super::model_config;
+use crate::model::{Model, Runtimes};
+use crate::repository;
+
+/// Checks a repository without serving it: every configuration parses and
+/// every selected version loads (model file, configuration against it,
+/// plugin instantiation). Returns one line per problem, naming the model and
+/// version; empty when all is well.
+pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result<Vec<String>, String> {
+    let mut problems = Vec::new();
+    for dir in repository::scan(repositories)? {
+        let config = match model_config(&dir, None) {
+            Ok(c) => c,
+            Err(reason) => {
+                problems.push(format!("model '{}': {reason}", dir.name));
+                continue;
+            }
+        };
+        let available = repository::versions(&dir);
+        let targets = repository::select_versions(config.version_policy.as_ref(), &available);
+        if targets.is_empty() {
+            problems
+                .push(format!("model '{}': no version folder for its version_policy among {available:?}", dir.name));
+        }
+        for version in targets {
+            if let Err(reason) = Model::load(&dir, version, &config, runtimes) {
+                problems.push(format!("model '{}' version {version}: {reason}", dir.name));
+            }
+        }
+    }
+    Ok(problems)
+}

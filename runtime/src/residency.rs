@@ -1,0 +1,218 @@
+//! Which models are in memory, how many bytes each holds, and which to evict
+//! when a byte budget would be exceeded: least recently used first, never a
+//! pinned model, and a busy one only when no idle one is left.
+//!
+//! This module keeps the accounting and makes the choices; `lifecycle`
+//! carries them out.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use lru::LruCache;
+
+/// Limits on what may be resident at once.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Budget {
+    /// Host memory for all resident models, in bytes (`--model-memory-budget`).
+    pub bytes: Option<u64>,
+    /// Number of resident models (`--max-loaded-models`).
+    pub models: Option<usize>,
+}
+
+/// One resident model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resident {
+    /// Measured footprint of its loaded versions, in bytes.
+    pub bytes: u64,
+    /// Never evicted (loaded by `--load-model`, or `pinned` in its config).
+    pub pinned: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Resident models, most recently used first. Unbounded: the byte
+    /// budget, not the entry count, decides what leaves.
+    lru: Option<LruCache<String, Resident>>,
+    /// The last measured footprint of every model ever loaded, resident or
+    /// not: the size to make room for before loading it again.
+    footprints: HashMap<String, u64>,
+}
+
+impl State {
+    fn lru(&mut self) -> &mut LruCache<String, Resident> {
+        self.lru.get_or_insert_with(LruCache::unbounded)
+    }
+}
+
+/// The residency manager.
+pub struct Residency {
+    budget: Budget,
+    state: Mutex<State>,
+}
+
+impl Residency {
+    /// A manager for `budget`.
+    pub fn new(budget: Budget) -> Residency {
+        Residency { budget, state: Mutex::default() }
+    }
+
+    /// The limits.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Records a use of `name`: it becomes the most recently used.
+    pub fn touch(&self, name: &str) {
+        self.state.lock().expect("residency lock").lru().promote(name);
+    }
+
+    /// The footprint measured the last time `name` was loaded, if ever.
+    pub fn known_footprint(&self, name: &str) -> Option<u64> {
+        self.state.lock().expect("residency lock").footprints.get(name).copied()
+    }
+
+    /// Bytes held by resident models.
+    pub fn used(&self) -> u64 {
+        let mut state = self.state.lock().expect("residency lock");
+        state.lru().iter().map(|(_, r)| r.bytes).sum()
+    }
+
+    /// The resident models and their footprints, most recently used first.
+    pub fn residents(&self) -> Vec<(String, Resident)> {
+        let mut state = self.state.lock().expect("residency lock");
+        state.lru().iter().map(|(n, r)| (n.clone(), *r)).collect()
+    }
+
+    /// Whether `bytes` can ever fit: a model larger than the whole budget is
+    /// refused without evicting anything.
+    ///
+    /// # Errors
+    /// A message with both sizes.
+    pub fn check_fits(&self, name: &str, bytes: u64) -> Result<(), String> {
+        match self.budget.bytes {
+            Some(budget) if bytes > budget => Err(format!(
+                "model '{name}' needs {} but the whole --model-memory-budget is {}",
+                human(bytes),
+                human(budget)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The models to evict, least recently used first, so that `incoming`
+    /// (not resident, or resident already) with `bytes` fits both budgets.
+    /// Pinned models are never chosen; `busy` ones only once no idle one is
+    /// left. May fall short when only pinned models remain.
+    pub fn victims(&self, incoming: &str, bytes: u64, busy: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut state = self.state.lock().expect("residency lock");
+        let lru = state.lru();
+        let others: Vec<(String, Resident)> =
+            lru.iter().rev().filter(|(n, _)| n.as_str() != incoming).map(|(n, r)| (n.clone(), *r)).collect();
+        let mut used: u64 = others.iter().map(|(_, r)| r.bytes).sum::<u64>() + bytes;
+        let mut count = others.len() + 1;
+        let over = |used: u64, count: usize| {
+            self.budget.bytes.is_some_and(|b| used > b) || self.budget.models.is_some_and(|m| count > m)
+        };
+        let (idle, busy): (Vec<_>, Vec<_>) =
+            others.into_iter().filter(|(_, r)| !r.pinned).partition(|(n, _)| !busy(n.as_str()));
+        let mut chosen = Vec::new();
+        for (name, resident) in idle.into_iter().chain(busy) {
+            if !over(used, count) {
+                break;
+            }
+            used -= resident.bytes;
+            count -= 1;
+            chosen.push(name);
+        }
+        chosen
+    }
+
+    /// Records `name` as resident with its measured footprint, most recently
+    /// used.
+    pub fn admit(&self, name: &str, resident: Resident) {
+        let mut state = self.state.lock().expect("residency lock");
+        state.footprints.insert(name.to_owned(), resident.bytes);
+        state.lru().put(name.to_owned(), resident);
+    }
+
+    /// Records that `name` left memory.
+    pub fn remove(&self, name: &str) {
+        self.state.lock().expect("residency lock").lru().pop(name);
+    }
+}
+
+/// Bytes in MiB with one decimal, for messages.
+pub fn human(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The process's resident set size in bytes (Linux `/proc/self/statm`); 0
+/// where it cannot be read.
+pub fn process_rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
+/// Hands memory that freed allocations left in the C heap back to the
+/// operating system, so an eviction lowers the process's resident size.
+pub fn release_freed_memory() {
+    // SAFETY: malloc_trim only walks glibc's own free lists.
+    unsafe { libc::malloc_trim(0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn manager(bytes: u64) -> Residency {
+        Residency::new(Budget { bytes: Some(bytes), models: None })
+    }
+
+    #[test]
+    fn the_least_recently_used_model_leaves_first() {
+        let r = manager(25 * MIB);
+        r.admit("a", Resident { bytes: 10 * MIB, pinned: false });
+        r.admit("b", Resident { bytes: 10 * MIB, pinned: false });
+        r.touch("a");
+        assert_eq!(r.victims("c", 10 * MIB, |_| false), ["b"]);
+        assert_eq!(r.victims("c", 4 * MIB, |_| false), Vec::<String>::new(), "it fits without evicting");
+        assert_eq!(r.victims("c", 20 * MIB, |_| false), ["b", "a"]);
+    }
+
+    #[test]
+    fn pinned_models_stay_and_busy_ones_go_last() {
+        let r = manager(25 * MIB);
+        r.admit("pinned", Resident { bytes: 10 * MIB, pinned: true });
+        r.admit("busy", Resident { bytes: 5 * MIB, pinned: false });
+        r.admit("idle", Resident { bytes: 5 * MIB, pinned: false });
+        r.touch("busy");
+        assert_eq!(r.victims("new", 10 * MIB, |n| n == "busy"), ["idle"]);
+        assert_eq!(r.victims("new", 15 * MIB, |n| n == "busy"), ["idle", "busy"]);
+        assert_eq!(r.victims("new", 20 * MIB, |_| false), ["idle", "busy"], "never the pinned one");
+    }
+
+    #[test]
+    fn a_model_larger_than_the_budget_is_refused_and_the_count_limit_holds() {
+        let r = manager(25 * MIB);
+        assert!(r.check_fits("big", 30 * MIB).unwrap_err().contains("30.0 MiB"));
+        let counted = Residency::new(Budget { bytes: None, models: Some(2) });
+        counted.admit("a", Resident { bytes: 1, pinned: false });
+        counted.admit("b", Resident { bytes: 1, pinned: false });
+        assert_eq!(counted.victims("c", 1, |_| false), ["a"]);
+        assert_eq!(counted.victims("b", 1, |_| false), Vec::<String>::new(), "a resident model needs no room");
+    }
+
+    #[test]
+    fn footprints_are_remembered_after_eviction() {
+        let r = manager(25 * MIB);
+        r.admit("a", Resident { bytes: 7 * MIB, pinned: false });
+        r.remove("a");
+        assert_eq!(r.known_footprint("a"), Some(7 * MIB));
+        assert_eq!(r.used(), 0);
+    }
+}
