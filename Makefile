@@ -21,3 +21,4 @@ test: setup
 bench: setup
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
+	.venv/bin/python bench/residency.py

@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::lifecycle::{ControlMode, LoadLimits};
-use crate::residency::Budget;
 use crate::plugin::PluginLimits;
+use crate::residency::Budget;
 use crate::server::ServeOptions;
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
@@ -182,7 +182,9 @@ impl ServeArgs {
     pub fn options(&self) -> Result<ServeOptions, String> {
         let selective = matches!(self.model_control_mode, ModelControlMode::Explicit | ModelControlMode::OnDemand);
         if !self.load_models.is_empty() && !selective {
-            return Err("--load-model needs --model-control-mode=explicit or on_demand (the others load every model)".into());
+            return Err(
+                "--load-model needs --model-control-mode=explicit or on_demand (the others load every model)".into()
+            );
         }
         let budgeted = self.model_memory_budget.is_some() || self.max_loaded_models.is_some();
         if budgeted && self.model_control_mode != ModelControlMode::OnDemand {
@@ -202,10 +204,7 @@ impl ServeArgs {
             load_limits: LoadLimits {
                 concurrency: self.model_load_concurrency.unwrap_or(cores),
                 timeout: Duration::from_secs(self.model_load_timeout_secs),
-                budget: Budget {
-                    bytes: self.model_memory_budget.map(|b| b as u64),
-                    models: self.max_loaded_models,
-                },
+                budget: Budget { bytes: self.model_memory_budget.map(|b| b as u64), models: self.max_loaded_models },
             },
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
             repository_poll: Duration::from_secs(self.repository_poll_secs),

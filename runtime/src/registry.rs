@@ -126,8 +126,7 @@ impl Registry {
     /// READY (and serving) while its replacement loads.
     pub fn set_loading(&self, name: &str, version: u64) {
         self.update(name, |e| {
-            let slot =
-                e.versions.entry(version).or_insert(Slot::new(VersionState::Loading));
+            let slot = e.versions.entry(version).or_insert(Slot::new(VersionState::Loading));
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Loading;
             }
@@ -151,8 +150,7 @@ impl Registry {
     /// READY and serving; otherwise the version becomes UNAVAILABLE.
     pub fn set_failed(&self, name: &str, version: u64, reason: &str) {
         self.update(name, |e| {
-            let slot =
-                e.versions.entry(version).or_insert(Slot::new(VersionState::Unavailable));
+            let slot = e.versions.entry(version).or_insert(Slot::new(VersionState::Unavailable));
             if !matches!(slot.state, VersionState::Ready(_)) {
                 slot.state = VersionState::Unavailable;
             }

@@ -113,7 +113,10 @@ fn a_configuration_its_plugin_cannot_serve_fails_the_load() {
     let (status, body) = server.get("/v2/models/ocr_cls/ready");
     assert_eq!(status, 503);
     let msg = error_of(&body);
-    assert!(msg.contains("ocr_cls.wasm") && msg.contains("[3, 32, 192]") && msg.contains("[3, 48 or -1, 192 or -1]"), "{msg}");
+    assert!(
+        msg.contains("ocr_cls.wasm") && msg.contains("[3, 32, 192]") && msg.contains("[3, 48 or -1, 192 or -1]"),
+        "{msg}"
+    );
     assert_still_serving(&server);
 }
 

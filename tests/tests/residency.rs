@@ -13,7 +13,8 @@ const MIB: u64 = 1 << 20;
 fn add_copy(repo: &Path, from: &str, name: &str) {
     copy_dir(&example_repository().join(from), &repo.join(name));
     let config = repo.join(name).join("config.pbtxt");
-    let text = std::fs::read_to_string(&config).unwrap().replace(&format!("name: \"{from}\""), &format!("name: \"{name}\""));
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace(&format!("name: \"{from}\""), &format!("name: \"{name}\""));
     std::fs::write(config, text).unwrap();
 }
 
@@ -143,4 +144,57 @@ fn fifty_load_and_evict_cycles_do_not_grow_memory() {
         after_first / MIB,
         after_all / MIB
     );
+}
+
+/// The most loads the log shows running at once.
+fn max_concurrent_loads(log: &str) -> usize {
+    let (mut running, mut most) = (0usize, 0usize);
+    for line in log.lines() {
+        if line.contains("load: start") {
+            running += 1;
+            most = most.max(running);
+        } else if line.contains("load: ready") || line.contains("load: failed") {
+            running = running.saturating_sub(1);
+        }
+    }
+    most
+}
+
+#[test]
+fn a_load_storm_stays_bounded_and_the_hot_model_keeps_answering() {
+    let cold: Vec<String> = (0..20).map(|i| format!("cold{i}")).collect();
+    let cold_refs: Vec<&str> = cold.iter().map(String::as_str).collect();
+    let repo = repository(&["hot"], &cold_refs);
+    let server = Server::start(repo.path(), &on_demand("80MiB", &["--model-load-concurrency", "2"]));
+    assert_eq!(read_hello(&server, "hot").0, 200);
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (server, stop) = (&server, &stop);
+    let hot_answers = std::thread::scope(|s| {
+        let hot = s.spawn(move || {
+            let mut answers = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (status, body) = read_hello(&server, "hot");
+                assert_eq!((status, body["text"].as_str()), (200, Some("Hello World")), "hot model: {body}");
+                answers += 1;
+            }
+            answers
+        });
+        let storm: Vec<_> = cold.iter().map(|name| s.spawn(move || (name, classify(&server, name)))).collect();
+        for request in storm {
+            let (name, (status, body)) = request.join().unwrap();
+            match status {
+                200 => assert_eq!(body["angle"], 0, "{name}: {body}"),
+                503 => assert!(body["error"].as_str().is_some_and(|e| e.contains(name.as_str())), "{name}: {body}"),
+                _ => panic!("{name}: status {status}: {body}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        hot.join().unwrap()
+    });
+    assert!(hot_answers > 0);
+    assert!(max_concurrent_loads(&server.log()) <= 2, "more than 2 loads ran at once:\n{}", server.log());
+    assert_eq!(server.get("/v2/health/live").0, 200, "the server survived the storm");
+    let used = server.metric("plinth_memory_used_bytes") as u64;
+    assert!(used <= 80 * MIB, "{} MiB resident after the storm", used / MIB);
 }

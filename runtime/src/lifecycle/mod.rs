@@ -323,7 +323,8 @@ impl Lifecycle {
                 tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");
                 Ok(model)
             });
-            let model = loaded.inspect_err(|_| tracing::info!(model = %dir.name, version, ms = ms(), "load: failed"))?;
+            let model =
+                loaded.inspect_err(|_| tracing::info!(model = %dir.name, version, ms = ms(), "load: failed"))?;
             residency::release_freed_memory();
             let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
             let bytes = residency::process_rss().saturating_sub(rss_before).max(weights);

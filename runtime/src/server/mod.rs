@@ -164,8 +164,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
 
     if let Some(port) = opts.metrics_port {
         let addr = SocketAddr::new(opts.http_address, port);
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
         tracing::info!("metrics listening on {}", listener.local_addr().map_err(|e| e.to_string())?);
         let app = Router::new().route("/metrics", get(move || async move { metrics.render() }));
         tokio::spawn(async move { axum::serve(listener, app).await });
