@@ -56,11 +56,6 @@ impl Residency {
         Residency { budget, state: Mutex::default() }
     }
 
-    /// The limits.
-    pub fn budget(&self) -> Budget {
-        self.budget
-    }
-
     /// Records a use of `name`: it becomes the most recently used.
     pub fn touch(&self, name: &str) {
         self.state.lock().expect("residency lock").lru().promote(name);
@@ -75,12 +70,6 @@ impl Residency {
     pub fn used(&self) -> u64 {
         let mut state = self.state.lock().expect("residency lock");
         state.lru().iter().map(|(_, r)| r.bytes).sum()
-    }
-
-    /// The resident models and their footprints, most recently used first.
-    pub fn residents(&self) -> Vec<(String, Resident)> {
-        let mut state = self.state.lock().expect("residency lock");
-        state.lru().iter().map(|(n, r)| (n.clone(), *r)).collect()
     }
 
     /// Whether `bytes` can ever fit: a model larger than the whole budget is

@@ -90,6 +90,9 @@ def test_a_model_too_large_for_the_budget_is_refused_and_evicts_nothing(repo):
             assert status == 503
             assert "'big'" in answer["error"] and "--model-memory-budget" in answer["error"]
         assert list(resident(server)) == ["small"], "nothing was evicted for it"
+        _, index = call(server, "/v2/repository/index", b"{}")
+        row = next(r for r in index if r["name"] == "big")
+        assert row["state"] == "UNAVAILABLE" and "--model-memory-budget" in row["reason"], row
         assert loads(server, "big") == 0, "its weights alone exceed the budget: refused before any load"
     finally:
         server.stop()

@@ -266,9 +266,13 @@ impl Lifecycle {
         // An unknown one loads first and is measured (the budget is exceeded
         // by at most its size meanwhile), so that a model too large for the
         // whole budget never evicts anything.
-        match self.residency.known_footprint(name) {
-            Some(known) => self.make_room(name, known)?,
-            None => self.residency.check_fits(name, changed.iter().map(|(v, _)| files.versions[v].bytes()).sum())?,
+        let room = match self.residency.known_footprint(name) {
+            Some(known) => self.make_room(name, known),
+            None => self.residency.check_fits(name, changed.iter().map(|(v, _)| files.versions[v].bytes()).sum()),
+        };
+        if let Err(reason) = room {
+            self.registry.fail_model(name, &reason);
+            return Err(reason);
         }
         let mut failures = Vec::new();
         for (version, key) in changed {
