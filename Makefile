@@ -16,9 +16,11 @@ test: setup
 	cargo test --release --workspace --all-features
 	.venv/bin/python -m pytest -q tests/python
 
-# Benchmarks (bench/): /predict against the same pipeline in Python, and
-# latency and failures while versions are swapped under load.
+# Benchmarks (bench/): /predict against the same pipeline in Python, latency
+# and failures while versions are swapped under load, residency, and the
+# scheduler against ONNX Runtime in-process.
 bench: setup
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
 	.venv/bin/python bench/residency.py
+	cargo run --release -p plinth-bench --bin batching

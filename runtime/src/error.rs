@@ -3,7 +3,7 @@
 
 /// Why a request failed. The message is shown to the client as is, so it
 /// names what was wrong and what was expected.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// The request itself is wrong (HTTP 400).
     #[error("{0}")]
@@ -14,6 +14,10 @@ pub enum Error {
     /// The model exists but cannot serve now (HTTP 503).
     #[error("{0}")]
     Unavailable(String),
+    /// The model's queue is full or the request's queue timeout expired
+    /// (HTTP 503 with `Retry-After`); the client may retry later.
+    #[error("{0}")]
+    Overloaded(String),
     /// The request asks for something Plinth does not do (HTTP 501).
     #[error("{0}")]
     Unsupported(String),

@@ -4,7 +4,8 @@
 //! WebAssembly sandbox.
 //!
 //! Request path: `server` (HTTP) → `registry` (model + version) →
-//! `model` (plugin preprocess → checks → `backend` → plugin postprocess).
+//! `model` (plugin preprocess → checks → `scheduler` → `backend` → plugin
+//! postprocess).
 //! `lifecycle` loads the `repository` into the `registry`.
 
 #![warn(missing_docs)]
@@ -20,5 +21,6 @@ pub mod plugin;
 pub mod registry;
 pub mod repository;
 pub mod residency;
+pub mod scheduler;
 pub mod server;
 pub mod tensor;

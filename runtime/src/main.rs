@@ -29,6 +29,7 @@ fn check(args: &CheckArgs) -> Result<bool, String> {
     let runtimes = plinth::model::Runtimes {
         onnx: plinth::backend::onnx::OnnxRuntime::init(args.ort_dylib_path.as_deref())?,
         plugins: plinth::plugin::PluginHost::new(plinth::plugin::PluginLimits::default(), None)?,
+        metrics: Default::default(),
     };
     let problems = plinth::lifecycle::check_repository(&args.model_repositories, &runtimes)?;
     for problem in &problems {

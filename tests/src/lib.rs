@@ -53,6 +53,15 @@ parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
     .unwrap();
 }
 
+/// Adds model `name` to `repo`: version 1 holds a copy of `model_file`,
+/// and `config` is its `config.pbtxt`.
+pub fn add_model(repo: &Path, name: &str, model_file: &Path, config: &str) {
+    let dir = repo.join(name);
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::copy(model_file, dir.join("1/model.onnx")).unwrap_or_else(|e| panic!("{}: {e}", model_file.display()));
+    std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+}
+
 /// Copies a folder and everything in it.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -126,6 +135,11 @@ impl Server {
             assert!(Instant::now() < deadline, "plinth did not log '{marker}' in time:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The server's base URL (`http://127.0.0.1:PORT`), for a client.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// The full URL of `path` on this server.

@@ -174,13 +174,13 @@ fn a_load_storm_stays_bounded_and_the_hot_model_keeps_answering() {
         let hot = s.spawn(move || {
             let mut answers = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let (status, body) = read_hello(&server, "hot");
+                let (status, body) = read_hello(server, "hot");
                 assert_eq!((status, body["text"].as_str()), (200, Some("Hello World")), "hot model: {body}");
                 answers += 1;
             }
             answers
         });
-        let storm: Vec<_> = cold.iter().map(|name| s.spawn(move || (name, classify(&server, name)))).collect();
+        let storm: Vec<_> = cold.iter().map(|name| s.spawn(move || (name, classify(server, name)))).collect();
         for request in storm {
             let (name, (status, body)) = request.join().unwrap();
             match status {

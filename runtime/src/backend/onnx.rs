@@ -27,6 +27,9 @@ pub struct SessionOptions {
     pub intra_op_threads: usize,
     /// `inter_op_thread_count`: threads across operators; 0 = default.
     pub inter_op_threads: usize,
+    /// `session.intra_op.allow_spinning` (ONNX Runtime's session config
+    /// key): whether idle intra-op threads busy-wait for the next run.
+    pub intra_op_spinning: bool,
 }
 
 impl OnnxRuntime {
@@ -69,6 +72,8 @@ impl OnnxRuntime {
             .with_intra_threads(options.intra_op_threads)
             .map_err(fail)?
             .with_inter_threads(options.inter_op_threads)
+            .map_err(fail)?
+            .with_intra_op_spinning(options.intra_op_spinning)
             .map_err(fail)?
             .commit_from_file(path)
             .map_err(|e| format!("ONNX Runtime cannot load {}: {e}", path.display()))?;

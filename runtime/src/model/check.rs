@@ -125,6 +125,12 @@ pub fn check_inputs(sig: &Signature, model: &str, inputs: &[Tensor]) -> Result<(
     if let Some(missing) = sig.inputs.iter().find(|s| !inputs.iter().any(|t| t.name == s.name)) {
         return Err(bad(format!("input '{}' is missing", missing.name)));
     }
+    if sig.max_batch_size > 0 {
+        let sizes: Vec<_> = inputs.iter().map(|t| (t.name.as_str(), t.shape[0])).collect();
+        if sizes.iter().any(|&(_, b)| b != sizes[0].1) {
+            return Err(bad(format!("inputs have different batch sizes (first dimensions) {sizes:?}")));
+        }
+    }
     Ok(())
 }
 

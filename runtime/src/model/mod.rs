@@ -1,5 +1,6 @@
 //! One loaded model version and the request path through it:
-//! (plugin preprocess) → checks → backend → (plugin postprocess).
+//! (plugin preprocess) → checks → scheduler → backend instances → (plugin
+//! postprocess). Plugins run per request, outside the scheduler.
 
 mod check;
 mod warmup;
@@ -7,12 +8,16 @@ mod warmup;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::Backend;
 use crate::backend::onnx::{OnnxRuntime, SessionOptions};
-use crate::backend::{Backend, BackendError};
+use crate::config::proto::model_instance_group::Kind;
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
 use crate::error::Error;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::plugin::{ModelInfo, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
 use crate::repository::{self, ModelDir};
+use crate::scheduler::Scheduler;
+use crate::scheduler::policy::{Policy, RequestOptions};
 use crate::tensor::Tensor;
 
 pub use check::check_inputs;
@@ -23,6 +28,8 @@ pub struct Runtimes {
     pub onnx: OnnxRuntime,
     /// The wasmtime sandbox, for model plugins.
     pub plugins: PluginHost,
+    /// Where each model's inference metrics are registered.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A model version that is loaded and can serve.
@@ -36,7 +43,11 @@ pub struct Model {
     /// The inputs and outputs served, completed from the model file where
     /// the configuration leaves them out.
     pub signature: Signature,
-    backend: Arc<dyn Backend>,
+    /// One backend per `instance_group` instance; the scheduler's workers
+    /// run them, warm-up runs each.
+    instances: Vec<Arc<dyn Backend>>,
+    scheduler: Scheduler,
+    metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
 }
 
@@ -54,13 +65,18 @@ impl Model {
     /// (naming the tensor and both values), or a plugin that does not load.
     pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
         check_platform(config)?;
+        let policy = Policy::from_config(config)?;
+        let count = instance_count(config)?;
+        let options = session_options(config, count)?;
         let version_dir = dir.version_path(version);
         let file =
             if config.default_model_filename.is_empty() { DEFAULT_MODEL_FILE } else { &config.default_model_filename };
-        let backend = rt.onnx.load(&version_dir.join(file), session_options(config)?)?;
+        let instances = (0..count)
+            .map(|_| rt.onnx.load(&version_dir.join(file), options).map(|b| Arc::new(b) as Arc<dyn Backend>))
+            .collect::<Result<Vec<_>, _>>()?;
+        let backend = &instances[0];
         let mut signature = Signature::from_config(config)?;
         check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
-        let backend: Arc<dyn Backend> = Arc::new(backend);
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
             None => None,
             Some("") => {
@@ -79,11 +95,23 @@ impl Model {
                 Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info)?))
             }
         };
-        Ok(Model { name: dir.name.clone(), version, config: config.clone(), signature, backend, plugin })
+        let metrics = rt.metrics.for_model(&dir.name, version);
+        let scheduler = Scheduler::start(&dir.name, policy, instances.clone(), metrics.clone());
+        Ok(Model {
+            name: dir.name.clone(),
+            version,
+            config: config.clone(),
+            signature,
+            instances,
+            scheduler,
+            metrics,
+            plugin,
+        })
     }
 
-    /// Runs the configuration's `model_warmup` samples through the backend,
-    /// each `count` times (at least once); returns the number of runs.
+    /// Runs the configuration's `model_warmup` samples through every
+    /// instance, each `count` times (at least once); returns the number of
+    /// runs.
     /// Blocks: call it off the async executor.
     ///
     /// # Errors
@@ -95,11 +123,13 @@ impl Model {
             let inputs = warmup::sample_inputs(sample, &self.signature, model_dir)?;
             check_inputs(&self.signature, &self.name, &inputs)
                 .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
-            for _ in 0..sample.count.max(1) {
-                self.backend
-                    .execute(inputs.clone())
-                    .map_err(|e| format!("warm-up sample '{}' failed: {e}", sample.name))?;
-                runs += 1;
+            for instance in &self.instances {
+                for _ in 0..sample.count.max(1) {
+                    instance
+                        .execute(inputs.clone())
+                        .map_err(|e| format!("warm-up sample '{}' failed: {e}", sample.name))?;
+                    runs += 1;
+                }
             }
         }
         Ok(runs)
@@ -107,17 +137,41 @@ impl Model {
 
     /// The platform name for model metadata (`onnxruntime_onnx`).
     pub fn platform(&self) -> &'static str {
-        self.backend.platform()
+        self.instances[0].platform()
     }
 
-    /// Runs the model on tensors. `requested` names the outputs to return;
-    /// empty means all, in the order the model declares them.
+    /// Runs the model on tensors through its scheduler. `requested` names
+    /// the outputs to return; empty means all, in the order the model
+    /// declares them. `options` are the request's `priority` and `timeout`.
+    /// Counts the outcome in Triton's success / failure metrics.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for inputs that do not fit the signature
-    /// or an unknown requested output; [`Error::Internal`] when the backend
-    /// fails.
-    pub async fn infer(&self, inputs: Vec<Tensor>, requested: &[String]) -> Result<Vec<Tensor>, Error> {
+    /// [`Error::InvalidArgument`] for inputs that do not fit the signature,
+    /// an unknown requested output or priority; [`Error::Overloaded`] when
+    /// the queue is full or the queue timeout expired; [`Error::Internal`]
+    /// when the backend fails.
+    pub async fn infer(
+        &self,
+        inputs: Vec<Tensor>,
+        requested: &[String],
+        options: RequestOptions,
+    ) -> Result<Vec<Tensor>, Error> {
+        let result = self.run(inputs, requested, options).await;
+        match &result {
+            Ok(_) => self.metrics.success.inc(),
+            Err(Error::Overloaded(_)) => self.metrics.failure("REJECTED"),
+            Err(Error::Internal(_)) => self.metrics.failure("BACKEND"),
+            Err(_) => self.metrics.failure("OTHER"),
+        }
+        result
+    }
+
+    async fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        requested: &[String],
+        options: RequestOptions,
+    ) -> Result<Vec<Tensor>, Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         if let Some(unknown) = requested.iter().find(|r| !self.signature.outputs.iter().any(|o| &o.name == *r)) {
             let names: Vec<_> = self.signature.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -126,14 +180,7 @@ impl Model {
                 self.name
             )));
         }
-        let backend = self.backend.clone();
-        let mut outputs = tokio::task::spawn_blocking(move || backend.execute(inputs))
-            .await
-            .map_err(|e| Error::Internal(format!("model '{}' panicked: {e}", self.name)))?
-            .map_err(|e| match e {
-                BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.name)),
-                BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.name)),
-            })?;
+        let mut outputs = self.scheduler.submit(inputs, options).await?;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         if !requested.is_empty() {
             outputs.retain(|t| requested.contains(&t.name));
@@ -158,7 +205,7 @@ impl Model {
         })?;
         let req = Arc::new(req);
         let inputs = plugin.preprocess(req.clone()).await.map_err(plugin_error)?;
-        let outputs = match self.infer(inputs, &[]).await {
+        let outputs = match self.infer(inputs, &[], RequestOptions::default()).await {
             Err(Error::InvalidArgument(m)) => {
                 return Err(Error::Internal(format!(
                     "the plugin's preprocess produced tensors the model cannot take: {m}"
@@ -190,18 +237,60 @@ fn check_platform(config: &ModelConfig) -> Result<(), String> {
     }
 }
 
-/// ONNX Runtime thread counts from the `parameters` Triton's ONNX Runtime
-/// backend reads: `intra_op_thread_count`, `inter_op_thread_count`.
-fn session_options(config: &ModelConfig) -> Result<SessionOptions, String> {
-    let count = |key: &str| match config::parameter(config, key) {
-        None => Ok(0),
-        Some(v) => {
-            v.trim().parse::<usize>().map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'"))
+/// The number of backend instances `instance_group` asks for (1 without
+/// one). Plinth runs ONNX models on the CPU, so KIND_AUTO and KIND_MODEL
+/// mean the CPU and KIND_GPU is refused rather than silently served on the
+/// CPU.
+fn instance_count(config: &ModelConfig) -> Result<usize, String> {
+    if config.instance_group.is_empty() {
+        return Ok(1);
+    }
+    let mut total = 0;
+    for group in &config.instance_group {
+        let name = if group.name.is_empty() { "(unnamed)" } else { &group.name };
+        if group.kind() == Kind::Gpu {
+            return Err(format!(
+                "instance_group {name} asks for KIND_GPU, but this Plinth runs ONNX models on the CPU only; use KIND_CPU or KIND_AUTO"
+            ));
         }
+        total += match group.count {
+            0 => 1,
+            n @ 1.. => n as usize,
+            n => return Err(format!("instance_group {name} has count {n}; it must be at least 1")),
+        };
+    }
+    Ok(total)
+}
+
+/// ONNX Runtime's session parameter for busy-waiting intra-op threads.
+const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
+
+/// ONNX Runtime thread settings from the model's `parameters`: the counts
+/// Triton's ONNX Runtime backend reads (`intra_op_thread_count`,
+/// `inter_op_thread_count`) and `session.intra_op.allow_spinning`. Without
+/// `intra_op_thread_count`, the cores are shared among the `instances`, so
+/// that instances running at once do not oversubscribe the CPU. Spinning is
+/// off unless set to "1": threads that busy-wait between runs take the
+/// cores the HTTP handlers, plugins and other models need.
+fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOptions, String> {
+    let count = |key: &str| match config::parameter(config, key) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spinning = match config::parameter(config, SPINNING_PARAMETER).map(str::trim) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(v) => return Err(format!("parameter '{SPINNING_PARAMETER}' must be \"0\" or \"1\", got '{v}'")),
     };
     Ok(SessionOptions {
-        intra_op_threads: count("intra_op_thread_count")?,
-        inter_op_threads: count("inter_op_thread_count")?,
+        intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
+        inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
+        intra_op_spinning: spinning,
     })
 }
 

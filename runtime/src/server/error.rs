@@ -2,7 +2,7 @@
 //! the KServe v2 protocol specifies.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::Error;
@@ -14,12 +14,24 @@ pub struct ApiError {
     pub status: StatusCode,
     /// What went wrong, for the client.
     pub message: String,
+    /// Seconds for the `Retry-After` header of an overload 503 (RFC 9110).
+    pub retry_after_secs: Option<u64>,
 }
+
+/// `Retry-After` on a 503 for a full queue or an expired queue timeout:
+/// queues drain in milliseconds, so one second (the header's unit) is the
+/// shortest honest hint; clients add their own jittered backoff.
+const OVERLOAD_RETRY_AFTER_SECS: u64 = 1;
 
 impl ApiError {
     /// A 400 Bad Request with `message`.
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// An error answer with `status` and `message`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), retry_after_secs: None }
     }
 }
 
@@ -28,11 +40,12 @@ impl From<Error> for ApiError {
         let status = match &e {
             Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
-            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError { status, message: e.to_string() }
+        let retry_after_secs = matches!(e, Error::Overloaded(_)).then_some(OVERLOAD_RETRY_AFTER_SECS);
+        ApiError { status, message: e.to_string(), retry_after_secs }
     }
 }
 
@@ -43,6 +56,10 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = self.status.as_u16(), "{}", self.message);
         }
-        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
+        let mut response = (self.status, Json(serde_json::json!({ "error": self.message }))).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }

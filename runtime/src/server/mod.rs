@@ -136,9 +136,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     let runtimes = Runtimes {
         onnx: OnnxRuntime::init(opts.ort_dylib_path.as_deref())?,
         plugins: PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?,
+        metrics: Arc::new(Metrics::new()),
     };
     let registry = Arc::new(Registry::default());
-    let metrics = Arc::new(Metrics::new());
+    let metrics = runtimes.metrics.clone();
     let lifecycle = Arc::new(Lifecycle::new(
         runtimes,
         registry.clone(),

@@ -134,9 +134,10 @@ pub async fn infer(
     let request: InferRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed inference request JSON: {e}")))?;
     request.refuse_binary()?;
+    let options = request.options()?;
     let inputs = request.inputs.into_iter().map(|i| i.into_tensor()).collect::<Result<Vec<_>, _>>()?;
     let requested: Vec<String> = request.outputs.unwrap_or_default().into_iter().map(|o| o.name).collect();
-    let outputs = m.infer(inputs, &requested).await?;
+    let outputs = m.infer(inputs, &requested, options).await?;
     Ok(Json(InferResponse {
         model_name: m.name.clone(),
         model_version: m.version.to_string(),
@@ -240,15 +241,12 @@ fn explicit_mode(state: &AppState) -> Result<(), ApiError> {
 
 /// Any other path.
 pub async fn unknown_route() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "unknown route; see the KServe v2 protocol's /v2/... routes".into(),
-    }
+    ApiError::new(StatusCode::NOT_FOUND, "unknown route; see the KServe v2 protocol's /v2/... routes")
 }
 
 /// A known path with the wrong method.
 pub async fn wrong_method() -> ApiError {
-    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: "method not allowed on this route".into() }
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
 
 fn rejected_body(state: &AppState, e: BytesRejection) -> ApiError {
@@ -257,5 +255,5 @@ fn rejected_body(state: &AppState, e: BytesRejection) -> ApiError {
     } else {
         format!("cannot read the request body: {}", e.body_text())
     };
-    ApiError { status: e.status(), message }
+    ApiError::new(e.status(), message)
 }

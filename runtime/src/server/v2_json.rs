@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::Error;
+use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element};
 
 /// `POST /v2/models/{m}/infer` body.
@@ -35,6 +36,24 @@ impl InferRequest {
             return Err(binary_unsupported());
         }
         Ok(())
+    }
+}
+
+impl InferRequest {
+    /// The scheduling options in the request `parameters`: `priority` (a
+    /// priority level, 1 = highest) and `timeout` (queue timeout in
+    /// microseconds), as Triton reads them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when either is not a non-negative integer.
+    pub fn options(&self) -> Result<RequestOptions, Error> {
+        let number = |key: &str| match self.parameters.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                Error::InvalidArgument(format!("request parameter '{key}' must be a non-negative integer, got {v}"))
+            }),
+        };
+        Ok(RequestOptions { priority: number("priority")?, timeout_us: number("timeout")? })
     }
 }
 

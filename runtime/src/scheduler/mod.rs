@@ -1,0 +1,279 @@
+//! The per-model scheduler between the request path and the backend: one
+//! queue per priority level, one worker thread per model instance
+//! (`instance_group`), and, with `dynamic_batching`, requests combined into
+//! batches as Triton's dynamic batcher combines them.
+//!
+//! A request is queued with a oneshot channel for its answer. While it
+//! waits, its own task enforces its queue timeout and, if the client goes
+//! away (the task is dropped), takes it out of the queue so that it never
+//! runs.
+
+mod batch;
+mod ordering;
+pub mod policy;
+mod queue;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use self::ordering::Ordering;
+use self::policy::{OnTimeout, Policy, RequestOptions};
+use self::queue::{Entry, Next, Queue};
+use crate::backend::{Backend, BackendError};
+use crate::error::Error;
+use crate::metrics::ModelMetrics;
+use crate::tensor::Tensor;
+
+/// The answer a worker sends back to a queued request.
+type Reply = Result<Vec<Tensor>, Error>;
+
+struct Job {
+    inputs: Vec<Tensor>,
+    reply: oneshot::Sender<Reply>,
+}
+
+struct State {
+    queue: Queue<Job>,
+    /// Set when the scheduler is dropped: workers exit.
+    closed: bool,
+}
+
+struct Shared {
+    model: String,
+    policy: Policy,
+    state: Mutex<State>,
+    /// Wakes workers: a request arrived, or the scheduler closed.
+    wake: Condvar,
+    /// `preserve_ordering`: releases answers in arrival order.
+    ordering: Option<Ordering>,
+    metrics: ModelMetrics,
+}
+
+/// Schedules the requests of one model version onto its instances.
+/// Dropping it stops the workers (after the batch they are running), which
+/// drops the instances.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Scheduler {
+    /// Starts one worker thread per instance.
+    pub fn start(model: &str, policy: Policy, instances: Vec<Arc<dyn Backend>>, metrics: ModelMetrics) -> Scheduler {
+        let shared = Arc::new(Shared {
+            model: model.to_owned(),
+            state: Mutex::new(State { queue: Queue::new(policy.levels.len()), closed: false }),
+            wake: Condvar::new(),
+            ordering: policy.preserve_ordering.then(Ordering::default),
+            policy,
+            metrics,
+        });
+        let workers = instances
+            .into_iter()
+            .enumerate()
+            .map(|(i, instance)| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("plinth-{model}-{i}"))
+                    .spawn(move || shared.work(&*instance))
+                    .expect("the OS can start a thread")
+            })
+            .collect();
+        Scheduler { shared, workers }
+    }
+
+    /// Queues `inputs` (already checked against the model's signature) and
+    /// waits for the outputs: the request's own rows of every output.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `priority` the model does not have;
+    /// [`Error::Overloaded`] when the priority level's queue is full
+    /// (`max_queue_size`) or the request's queue timeout expires under
+    /// `timeout_action: REJECT`; [`Error::InvalidArgument`] or
+    /// [`Error::Internal`] when the backend refuses or fails the batch.
+    pub async fn submit(&self, mut inputs: Vec<Tensor>, options: RequestOptions) -> Result<Vec<Tensor>, Error> {
+        let shared = &*self.shared;
+        let level = shared.policy.level(options.priority).map_err(|m| shared.invalid(m))?;
+        let queue_policy = &shared.policy.levels[level];
+        inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        let rows = batch::rows(&inputs, shared.policy.batch_dimension);
+        let key = batch::batch_key(&inputs);
+        let (reply, mut answer) = oneshot::channel();
+        let id = {
+            let mut state = shared.lock();
+            let queued = state.queue.len(level);
+            if queue_policy.max_queue_size > 0 && queued >= queue_policy.max_queue_size {
+                return Err(Error::Overloaded(format!(
+                    "model '{}' is overloaded: its queue at priority level {} is full ({queued} requests, max_queue_size); retry later",
+                    shared.model,
+                    level + 1
+                )));
+            }
+            let id = state.queue.push(level, rows, key, Job { inputs, reply });
+            shared.metrics.pending_requests.inc();
+            shared.wake.notify_one();
+            id
+        };
+        let mut queued = Queued { shared, level, id, finished: false };
+        let reply = match queue_policy.timeout(options.timeout_us) {
+            None => answer.await,
+            Some(timeout) => match tokio::time::timeout(timeout, &mut answer).await {
+                Ok(reply) => reply,
+                Err(_) => {
+                    if queue_policy.on_timeout == OnTimeout::Reject && shared.take_out(level, id) {
+                        return Err(Error::Overloaded(format!(
+                            "model '{}' is overloaded: the request waited {} µs in the queue (its timeout) without running; retry later",
+                            shared.model,
+                            timeout.as_micros()
+                        )));
+                    }
+                    shared.lock().queue.delay(level, id);
+                    answer.await
+                }
+            },
+        };
+        let reply = reply.unwrap_or_else(|_| Err(Error::Internal(format!("model '{}' stopped", shared.model))));
+        queued.finish().await;
+        reply
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A request in the queue. Dropped before it finished (the client went
+/// away), it takes the request out of the queue, so it never runs.
+struct Queued<'a> {
+    shared: &'a Shared,
+    level: usize,
+    id: u64,
+    finished: bool,
+}
+
+impl Queued<'_> {
+    /// Marks the answer as arrived and, with `preserve_ordering`, waits
+    /// until every earlier request has its answer too.
+    async fn finish(&mut self) {
+        self.finished = true;
+        if let Some(ordering) = &self.shared.ordering {
+            ordering.done(self.id);
+            ordering.turn(self.id).await;
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if self.shared.lock().queue.remove(self.level, self.id).is_some() {
+            self.shared.metrics.pending_requests.dec();
+            self.shared.metrics.failure("CANCELED");
+        }
+        if let Some(ordering) = &self.shared.ordering {
+            ordering.done(self.id);
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn invalid(&self, message: String) -> Error {
+        Error::InvalidArgument(format!("model '{}': {message}", self.model))
+    }
+
+    /// Takes an expired request out of the queue; false if a worker has it.
+    fn take_out(&self, level: usize, id: u64) -> bool {
+        let removed = self.lock().queue.remove(level, id).is_some();
+        if removed {
+            self.metrics.pending_requests.dec();
+        }
+        removed
+    }
+
+    /// A worker: runs batches on `instance` until the scheduler closes.
+    fn work(&self, instance: &dyn Backend) {
+        while let Some(batch) = self.next_batch() {
+            self.execute(instance, batch);
+        }
+    }
+
+    /// Waits for the next batch; `None` once the scheduler is closed.
+    fn next_batch(&self) -> Option<Vec<Entry<Job>>> {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return None;
+            }
+            let now = Instant::now();
+            state = match state.queue.next(&self.policy, now) {
+                Next::Run(batch) => {
+                    if state.queue.total() > 0 {
+                        self.wake.notify_one();
+                    }
+                    self.metrics.pending_requests.sub(batch.len() as i64);
+                    return Some(batch);
+                }
+                Next::Wait(None) => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+                Next::Wait(Some(until)) => {
+                    self.wake.wait_timeout(state, until - now.min(until)).unwrap_or_else(|p| p.into_inner()).0
+                }
+            };
+        }
+    }
+
+    /// Runs one batch and sends each request its rows of the outputs.
+    fn execute(&self, instance: &dyn Backend, batch: Vec<Entry<Job>>) {
+        let started = Instant::now();
+        let rows: Vec<usize> = batch.iter().map(|e| e.rows).collect();
+        let mut inputs = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for entry in batch {
+            self.metrics.queue_duration_us.inc_by(started.duration_since(entry.enqueued).as_micros() as u64);
+            inputs.push(entry.job.inputs);
+            replies.push(entry.job.reply);
+        }
+        let run = AssertUnwindSafe(|| match inputs.len() {
+            1 => instance.execute(inputs.pop().unwrap_or_default()).map(|outputs| vec![outputs]),
+            _ => instance
+                .execute(batch::concat(inputs))
+                .and_then(|outputs| batch::split(outputs, &rows).map_err(BackendError::Failed)),
+        });
+        let result = std::panic::catch_unwind(run)
+            .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())))
+            .map_err(|e| match e {
+                BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
+                BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
+            });
+        self.metrics.compute_infer_duration_us.inc_by(started.elapsed().as_micros() as u64);
+        self.metrics.exec_count.inc();
+        self.metrics.inference_count.inc_by(rows.iter().sum::<usize>() as u64);
+        match result {
+            Ok(per_request) => {
+                for (reply, outputs) in replies.into_iter().zip(per_request) {
+                    let _ = reply.send(Ok(outputs));
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
