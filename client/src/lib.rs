@@ -143,11 +143,7 @@ impl Client {
     pub fn infer_json(&self, model: &str, request: &[u8]) -> Result<InferResponse, ClientError> {
         let url = format!("{}/v2/models/{model}/infer", self.base);
         let body = self.with_retries(|| {
-            self.http
-                .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(request.to_vec())
-                .send()
+            self.http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/json").body(request.to_vec()).send()
         })?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("inference response: {e}")))
     }

@@ -192,7 +192,7 @@ fn a_request_whose_client_went_away_is_never_run() {
            dynamic_batching { }
            parameters { key: "intra_op_thread_count" value: { string_value: "1" } }"#,
     );
-    let (server, client) = start(repo.path());
+    let (mut server, client) = start(repo.path());
     let client = &client;
     std::thread::scope(|s| {
         // Two full batches keep the only instance busy for about 0.6 s.
@@ -209,6 +209,14 @@ fn a_request_whose_client_went_away_is_never_run() {
     assert_eq!(failures(&server, "slow", "CANCELED"), 1.0);
     assert_eq!(metric(&server, "nv_inference_count", "slow"), 16.0, "the cancelled request ran");
     assert_eq!(metric(&server, "nv_inference_pending_request_count", "slow"), 0.0);
+
+    // The abandoned request no longer counts as in flight: shutdown does not
+    // wait for it.
+    let stopping = std::time::Instant::now();
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).success());
+    assert!(stopping.elapsed() < Duration::from_secs(10), "shutdown waited for the abandoned request");
+    assert_eq!(server.log_count("exit timeout reached"), 0, "{}", server.log());
 }
 
 #[test]

@@ -182,10 +182,14 @@ impl Model {
         }
         let mut outputs = self.scheduler.submit(inputs, options).await?;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
-        if !requested.is_empty() {
-            outputs.retain(|t| requested.contains(&t.name));
+        if requested.is_empty() {
+            return Ok(outputs);
         }
-        Ok(outputs)
+        // In the order the request names them.
+        Ok(requested
+            .iter()
+            .filter_map(|r| outputs.iter().position(|t| &t.name == r).map(|i| outputs.swap_remove(i)))
+            .collect())
     }
 
     /// Sends a raw request through the model's plugin: preprocess, run,
@@ -259,8 +263,15 @@ fn instance_count(config: &ModelConfig) -> Result<usize, String> {
             n => return Err(format!("instance_group {name} has count {n}; it must be at least 1")),
         };
     }
+    if total > MAX_INSTANCES {
+        return Err(format!("instance_group asks for {total} instances; a model may have at most {MAX_INSTANCES}"));
+    }
     Ok(total)
 }
+
+/// The most instances one model may have: each is a full ONNX Runtime
+/// session, so a typo in `count` must not exhaust the machine's memory.
+const MAX_INSTANCES: usize = 128;
 
 /// ONNX Runtime's session parameter for busy-waiting intra-op threads.
 const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";

@@ -24,16 +24,19 @@ pub fn rows(inputs: &[Tensor], batching: bool) -> usize {
 /// Concatenates the requests' inputs along dimension 0. Every request has
 /// the same [`BatchKey`]. Fixed-size and `BYTES` data both concatenate as
 /// bytes, since `BYTES` elements are self-delimiting.
-pub fn concat(requests: Vec<Vec<Tensor>>) -> Vec<Tensor> {
-    let mut requests = requests.into_iter();
-    let mut batch = requests.next().unwrap_or_default();
-    for inputs in requests {
-        for (into, t) in batch.iter_mut().zip(inputs) {
-            into.shape[0] += t.shape[0];
-            into.data.extend_from_slice(&t.data);
-        }
-    }
-    batch
+pub fn concat(requests: &[Vec<Tensor>]) -> Vec<Tensor> {
+    let Some(first) = requests.first() else { return Vec::new() };
+    (0..first.len())
+        .map(|i| {
+            let mut shape = first[i].shape.clone();
+            shape[0] = requests.iter().map(|r| r[i].shape[0]).sum();
+            let mut data = Vec::with_capacity(requests.iter().map(|r| r[i].data.len()).sum());
+            for r in requests {
+                data.extend_from_slice(&r[i].data);
+            }
+            Tensor { name: first[i].name.clone(), datatype: first[i].datatype, shape, data }
+        })
+        .collect()
 }
 
 /// Splits each output along dimension 0 into consecutive slices of `rows`
@@ -102,7 +105,7 @@ mod tests {
         let a = vec![fp32("x", &[3, 2], &[1., 2., 3., 4., 5., 6.])];
         let b = vec![fp32("x", &[1, 2], &[7., 8.])];
         assert_eq!(batch_key(&a), batch_key(&b));
-        let batch = concat(vec![a.clone(), b.clone()]);
+        let batch = concat(&[a.clone(), b.clone()]);
         assert_eq!(batch[0].shape, vec![4, 2]);
         let parts = split(batch, &[3, 1]).unwrap();
         assert_eq!(parts, vec![a, b]);

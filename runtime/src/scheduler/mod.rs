@@ -118,7 +118,7 @@ impl Scheduler {
             shared.wake.notify_one();
             id
         };
-        let mut queued = Queued { shared, level, id, finished: false };
+        let mut queued = Queued { shared, level, id, stage: Stage::Queued };
         let reply = match queue_policy.timeout(options.timeout_us) {
             None => answer.await,
             Some(timeout) => match tokio::time::timeout(timeout, &mut answer).await {
@@ -152,38 +152,55 @@ impl Drop for Scheduler {
     }
 }
 
-/// A request in the queue. Dropped before it finished (the client went
-/// away), it takes the request out of the queue, so it never runs.
+/// A request in the queue. Dropped before it returned (the client went
+/// away), it takes the request out of the queue so that it never runs, and
+/// counts it as CANCELED.
 struct Queued<'a> {
     shared: &'a Shared,
     level: usize,
     id: u64,
-    finished: bool,
+    stage: Stage,
+}
+
+enum Stage {
+    /// Queued or running.
+    Queued,
+    /// Its answer arrived; with `preserve_ordering` it may wait for earlier
+    /// requests' answers.
+    Answered,
+    /// Its answer is on the way to the client.
+    Returned,
 }
 
 impl Queued<'_> {
     /// Marks the answer as arrived and, with `preserve_ordering`, waits
     /// until every earlier request has its answer too.
     async fn finish(&mut self) {
-        self.finished = true;
+        self.stage = Stage::Answered;
         if let Some(ordering) = &self.shared.ordering {
             ordering.done(self.id);
             ordering.turn(self.id).await;
         }
+        self.stage = Stage::Returned;
     }
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        if self.shared.lock().queue.remove(self.level, self.id).is_some() {
-            self.shared.metrics.pending_requests.dec();
-            self.shared.metrics.failure("CANCELED");
-        }
-        if let Some(ordering) = &self.shared.ordering {
-            ordering.done(self.id);
+        match self.stage {
+            Stage::Returned => {}
+            Stage::Answered => self.shared.metrics.failure("CANCELED"),
+            Stage::Queued => {
+                // Not in the queue any more: it timed out (already counted),
+                // or it is running and the worker counts it.
+                if self.shared.lock().queue.remove(self.level, self.id).is_some() {
+                    self.shared.metrics.pending_requests.dec();
+                    self.shared.metrics.failure("CANCELED");
+                }
+                if let Some(ordering) = &self.shared.ordering {
+                    ordering.done(self.id);
+                }
+            }
         }
     }
 }
@@ -231,7 +248,10 @@ impl Shared {
                 }
                 Next::Wait(None) => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
                 Next::Wait(Some(until)) => {
-                    self.wake.wait_timeout(state, until - now.min(until)).unwrap_or_else(|p| p.into_inner()).0
+                    self.wake
+                        .wait_timeout(state, until.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
                 }
             };
         }
@@ -239,41 +259,62 @@ impl Shared {
 
     /// Runs one batch and sends each request its rows of the outputs.
     fn execute(&self, instance: &dyn Backend, batch: Vec<Entry<Job>>) {
-        let started = Instant::now();
+        let taken = Instant::now();
         let rows: Vec<usize> = batch.iter().map(|e| e.rows).collect();
         let mut inputs = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
         for entry in batch {
-            self.metrics.queue_duration_us.inc_by(started.duration_since(entry.enqueued).as_micros() as u64);
+            self.metrics.queue_duration_us.inc_by(taken.duration_since(entry.enqueued).as_micros() as u64);
             inputs.push(entry.job.inputs);
             replies.push(entry.job.reply);
         }
-        let run = AssertUnwindSafe(|| match inputs.len() {
-            1 => instance.execute(inputs.pop().unwrap_or_default()).map(|outputs| vec![outputs]),
-            _ => instance
-                .execute(batch::concat(inputs))
-                .and_then(|outputs| batch::split(outputs, &rows).map_err(BackendError::Failed)),
-        });
-        let result = std::panic::catch_unwind(run)
-            .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())))
-            .map_err(|e| match e {
-                BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
-                BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
-            });
+        for (reply, answer) in replies.into_iter().zip(self.run_batch(instance, inputs, &rows)) {
+            if reply.send(answer).is_err() {
+                // The client went away while its request ran.
+                self.metrics.failure("CANCELED");
+            }
+        }
+    }
+
+    /// One answer per request. When the backend refuses the combined input,
+    /// each request runs alone, so that only the one at fault fails.
+    fn run_batch(&self, instance: &dyn Backend, mut requests: Vec<Vec<Tensor>>, rows: &[usize]) -> Vec<Reply> {
+        let total = rows.iter().sum();
+        if requests.len() == 1 {
+            return vec![self.run_once(instance, requests.pop().unwrap_or_default(), total).map_err(|e| self.error(e))];
+        }
+        match self.run_once(instance, batch::concat(&requests), total) {
+            Ok(outputs) => match batch::split(outputs, rows) {
+                Ok(per_request) => per_request.into_iter().map(Ok).collect(),
+                Err(m) => vec![Err(self.error(BackendError::Failed(m))); requests.len()],
+            },
+            Err(BackendError::InvalidInput(_)) => requests
+                .into_iter()
+                .zip(rows)
+                .map(|(inputs, &n)| self.run_once(instance, inputs, n).map_err(|e| self.error(e)))
+                .collect(),
+            Err(e) => vec![Err(self.error(e)); requests.len()],
+        }
+    }
+
+    /// One backend execution of `rows` rows, counted in the metrics; a
+    /// panic in the backend is a failure, not a dead worker.
+    fn run_once(&self, instance: &dyn Backend, inputs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>, BackendError> {
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| instance.execute(inputs)))
+            .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
         self.metrics.compute_infer_duration_us.inc_by(started.elapsed().as_micros() as u64);
         self.metrics.exec_count.inc();
-        self.metrics.inference_count.inc_by(rows.iter().sum::<usize>() as u64);
-        match result {
-            Ok(per_request) => {
-                for (reply, outputs) in replies.into_iter().zip(per_request) {
-                    let _ = reply.send(Ok(outputs));
-                }
-            }
-            Err(e) => {
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
+        if result.is_ok() {
+            self.metrics.inference_count.inc_by(rows as u64);
+        }
+        result
+    }
+
+    fn error(&self, e: BackendError) -> Error {
+        match e {
+            BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
+            BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
         }
     }
 }

@@ -13,7 +13,8 @@ use crate::config::proto::{ModelDynamicBatching, ModelQueuePolicy, model_queue_p
 pub enum OnTimeout {
     /// It is removed and answered 503 (`REJECT`).
     Reject,
-    /// It stays queued, behind every request that has not timed out (`DELAY`).
+    /// It stays queued, behind the requests of its priority level that have
+    /// not timed out (`DELAY`).
     Delay,
 }
 
@@ -166,8 +167,15 @@ impl Policy {
     }
 }
 
+/// The most `priority_levels` a model may have: each level is a queue that
+/// every batching decision looks at.
+pub const MAX_PRIORITY_LEVELS: u64 = 256;
+
 fn levels(db: &ModelDynamicBatching) -> Result<(Vec<QueuePolicy>, usize), String> {
     let default = db.default_queue_policy.as_ref().map_or(QueuePolicy::UNBOUNDED, QueuePolicy::from_config);
+    if db.priority_levels > MAX_PRIORITY_LEVELS {
+        return Err(format!("priority_levels is {}; Plinth allows at most {MAX_PRIORITY_LEVELS}", db.priority_levels));
+    }
     let count = db.priority_levels.max(1);
     let default_level = match (db.priority_levels, db.default_priority_level) {
         (0, 0) => 1,
@@ -245,5 +253,8 @@ mod tests {
         assert!(err.contains("preferred_batch_size 8"), "{err}");
         let err = policy("max_batch_size: 4 dynamic_batching { priority_levels: 2 default_priority_level: 3 }");
         assert!(err.unwrap_err().contains("default_priority_level"));
+        let err =
+            policy("max_batch_size: 4 dynamic_batching { priority_levels: 4294967295 default_priority_level: 1 }");
+        assert!(err.unwrap_err().contains("at most 256"));
     }
 }

@@ -99,11 +99,11 @@ impl<J> Queue<J> {
         }
     }
 
-    /// The order requests are considered in: every level's timely requests
-    /// by priority, then the delayed ones by priority.
+    /// The order requests are considered in: by priority level, and within
+    /// a level the timely requests before the delayed ones (as Triton's
+    /// priority queue orders them).
     fn ordered(&self) -> impl Iterator<Item = &Entry<J>> {
-        let waiting = self.levels.iter().flat_map(|l| &l.waiting);
-        waiting.chain(self.levels.iter().flat_map(|l| &l.delayed))
+        self.levels.iter().flat_map(|l| l.waiting.iter().chain(&l.delayed))
     }
 
     /// Chooses the next batch at time `now` and takes it out of the queue.
@@ -120,14 +120,13 @@ impl<J> Queue<J> {
             return Next::Wait(Some(oldest + policy.max_queue_delay));
         };
         let mut batch = Vec::with_capacity(take);
-        let levels = self.levels.len();
-        for i in 0..levels * 2 {
-            let l = &mut self.levels[i % levels];
-            let deque = if i < levels { &mut l.waiting } else { &mut l.delayed };
-            while batch.len() < take {
-                match deque.pop_front() {
-                    Some(e) => batch.push(e),
-                    None => break,
+        for level in &mut self.levels {
+            for deque in [&mut level.waiting, &mut level.delayed] {
+                while batch.len() < take {
+                    match deque.pop_front() {
+                        Some(e) => batch.push(e),
+                        None => break,
+                    }
                 }
             }
         }
@@ -229,13 +228,16 @@ mod tests {
     }
 
     #[test]
-    fn higher_priority_and_timely_requests_go_first() {
+    fn higher_priority_then_timely_requests_go_first() {
         let mut q = Queue::new(2);
         q.push(1, 1, key(4), 10);
-        let delayed = q.push(0, 1, key(4), 20);
+        let delayed = q.push(1, 1, key(4), 15);
+        q.push(1, 1, key(4), 16);
+        assert!(q.delay(1, delayed));
+        let late = q.push(0, 1, key(4), 20);
         q.push(0, 1, key(4), 30);
-        assert!(q.delay(0, delayed));
-        assert_eq!(run_rows(q.next(&policy(8, &[], 0, 2), Instant::now())), vec![30, 10, 20]);
+        assert!(q.delay(0, late));
+        assert_eq!(run_rows(q.next(&policy(8, &[], 0, 2), Instant::now())), vec![30, 20, 10, 16, 15]);
     }
 
     #[test]

@@ -107,15 +107,30 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Counts inference requests in flight, so shutdown can wait for them, and
 /// refuses new ones once shutdown has begun.
 async fn track_inference(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    state.in_flight.fetch_add(1, Ordering::AcqRel);
+    let _counted = InFlight::enter(&state.in_flight);
     // Checked after counting, so shutdown never misses a request it let in.
-    let response = if state.shutting_down.load(Ordering::Acquire) {
+    if state.shutting_down.load(Ordering::Acquire) {
         ApiError::from(Error::Unavailable("the server is shutting down".into())).into_response()
     } else {
         next.run(request).await
-    };
-    state.in_flight.fetch_sub(1, Ordering::AcqRel);
-    response
+    }
+}
+
+/// One request counted in flight until it is dropped: answered, or
+/// abandoned because its client went away.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl InFlight<'_> {
+    fn enter(count: &AtomicUsize) -> InFlight<'_> {
+        count.fetch_add(1, Ordering::AcqRel);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
