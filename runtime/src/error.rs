@@ -18,9 +18,6 @@ pub enum Error {
     /// (HTTP 503 with `Retry-After`); the client may retry later.
     #[error("{0}")]
     Overloaded(String),
-    /// The request asks for something Plinth does not do (HTTP 501).
-    #[error("{0}")]
-    Unsupported(String),
     /// A failure on the server's side (HTTP 500).
     #[error("{0}")]
     Internal(String),

@@ -230,6 +230,13 @@ impl Registry {
         models.get(name).map_or_else(Vec::new, |e| e.ready().map(|(v, _)| v).collect())
     }
 
+    /// Every READY version of model `name`, or of every model for `None`.
+    pub fn ready_models(&self, name: Option<&str>) -> Vec<Arc<Model>> {
+        let models = self.models.read().expect("registry lock");
+        let entries = models.iter().filter(|(n, _)| name.is_none_or(|name| n.as_str() == name));
+        entries.flat_map(|(_, e)| e.ready().map(|(_, m)| m.clone())).collect()
+    }
+
     /// The model a request for `name` (and `version`, if given) reaches:
     /// that exact version, or else the highest READY version.
     ///

@@ -20,6 +20,7 @@ class Plinth:
     def __init__(self, repository, *extra):
         binary = pathlib.Path(os.environ.get("PLINTH_BIN", ROOT / "target/release/plinth"))
         assert binary.is_file(), f"{binary} is missing: run `make setup` first"
+        self.repository = pathlib.Path(repository)
         env = dict(os.environ)
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".venv/libonnxruntime.so"))
         self.proc = subprocess.Popen(

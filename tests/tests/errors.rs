@@ -69,7 +69,7 @@ fn bad_requests_get_400_or_404_with_the_reason() {
 }
 
 #[test]
-fn tensors_the_model_cannot_take_get_400_and_binary_data_501() {
+fn tensors_the_model_cannot_take_get_400() {
     let server = Server::start(&example_repository(), &[]);
     let rec = |shape: Value, data: Value| json!({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": data}]});
     let cases = [
@@ -86,8 +86,8 @@ fn tensors_the_model_cannot_take_get_400_and_binary_data_501() {
     let mut binary = rec(json!([1, 3, 48, 1]), json!(vec![0.0; 144]));
     binary["inputs"][0]["parameters"] = json!({"binary_data_size": 576});
     let (status, body) = server.post_json("/v2/models/ocr_rec/infer", &binary);
-    assert_eq!(status, 501);
-    assert!(error_of(&body).contains("binary tensor data extension"), "{body}");
+    assert_eq!(status, 400);
+    assert!(error_of(&body).contains("no inference-header-content-length header"), "{body}");
 
     let (status, _) = server.get("/v2/models/ocr_rec/versions/01");
     assert_eq!(status, 400, "leading zeros are not a version");

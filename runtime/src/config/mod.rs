@@ -146,6 +146,20 @@ pub fn datatype_from_config(value: i32) -> Option<DataType> {
     })
 }
 
+/// A configuration as JSON, as Triton's model configuration extension
+/// returns it: protobuf field names, enum values by name, 64-bit integers
+/// as numbers, and fields left at their default included.
+pub fn to_json(config: &ModelConfig) -> serde_json::Value {
+    use prost::Message;
+    let desc = DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in the descriptor set");
+    let message = DynamicMessage::decode(desc, config.encode_to_vec().as_slice()).expect("a message decodes as itself");
+    let options = prost_reflect::SerializeOptions::new()
+        .use_proto_field_name(true)
+        .stringify_64_bit_integers(false)
+        .skip_default_fields(false);
+    message.serialize_with_options(serde_json::value::Serializer, &options).expect("a configuration serialises")
+}
+
 /// The `config.pbtxt` `data_type` for a v2 datatype.
 pub fn datatype_to_config(dt: DataType) -> proto::DataType {
     use proto::DataType as C;

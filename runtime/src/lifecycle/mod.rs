@@ -327,12 +327,16 @@ impl Lifecycle {
                 tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");
                 Ok(model)
             });
-            let model =
-                loaded.inspect_err(|_| tracing::info!(model = %dir.name, version, ms = ms(), "load: failed"))?;
+            let model = loaded.inspect_err(|_| {
+                tracing::info!(model = %dir.name, version, ms = ms(), "load: failed");
+                // What the failed load allocated goes back to the system.
+                residency::release_freed_memory();
+            })?;
             residency::release_freed_memory();
             let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
             let bytes = residency::process_rss().saturating_sub(rss_before).max(weights);
             tracing::info!(model = %dir.name, version, ms = ms(), bytes, "load: ready");
+            runtimes.metrics.load_duration(&dir.name, version, started.elapsed().as_secs_f64());
             Ok((Arc::new(model), bytes))
         });
         let result = loading.await.map_err(|e| format!("loading panicked: {e}"));

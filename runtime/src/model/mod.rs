@@ -7,6 +7,7 @@ mod warmup;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::backend::onnx::{OnnxRuntime, SessionOptions};
@@ -16,8 +17,8 @@ use crate::error::Error;
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::plugin::{ModelInfo, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
 use crate::repository::{self, ModelDir};
-use crate::scheduler::Scheduler;
 use crate::scheduler::policy::{Policy, RequestOptions};
+use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
 pub use check::check_inputs;
@@ -49,6 +50,18 @@ pub struct Model {
     scheduler: Scheduler,
     metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
+}
+
+/// Where a `/predict` request's time went: the plugin calls around the
+/// scheduler's [`Timing`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PredictTiming {
+    /// The plugin's `preprocess` call.
+    pub preprocess: Duration,
+    /// Queue and compute.
+    pub inference: Timing,
+    /// The plugin's `postprocess` call.
+    pub postprocess: Duration,
 }
 
 /// The model file used when `default_model_filename` is not set.
@@ -155,14 +168,16 @@ impl Model {
         inputs: Vec<Tensor>,
         requested: &[String],
         options: RequestOptions,
-    ) -> Result<Vec<Tensor>, Error> {
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
+        let started = Instant::now();
         let result = self.run(inputs, requested, options).await;
-        match &result {
-            Ok(_) => self.metrics.success.inc(),
-            Err(Error::Overloaded(_)) => self.metrics.failure("REJECTED"),
-            Err(Error::Internal(_)) => self.metrics.failure("BACKEND"),
-            Err(_) => self.metrics.failure("OTHER"),
-        }
+        let outcome = match &result {
+            Ok(_) => Ok(()),
+            Err(Error::Overloaded(_)) => Err("REJECTED"),
+            Err(Error::Internal(_)) => Err("BACKEND"),
+            Err(_) => Err("OTHER"),
+        };
+        self.metrics.finished(outcome, started.elapsed());
         result
     }
 
@@ -171,7 +186,7 @@ impl Model {
         inputs: Vec<Tensor>,
         requested: &[String],
         options: RequestOptions,
-    ) -> Result<Vec<Tensor>, Error> {
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         if let Some(unknown) = requested.iter().find(|r| !self.signature.outputs.iter().any(|o| &o.name == *r)) {
             let names: Vec<_> = self.signature.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -180,16 +195,17 @@ impl Model {
                 self.name
             )));
         }
-        let mut outputs = self.scheduler.submit(inputs, options).await?;
+        let (mut outputs, timing) = self.scheduler.submit(inputs, options).await?;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         if requested.is_empty() {
-            return Ok(outputs);
+            return Ok((outputs, timing));
         }
         // In the order the request names them.
-        Ok(requested
+        let outputs = requested
             .iter()
             .filter_map(|r| outputs.iter().position(|t| &t.name == r).map(|i| outputs.swap_remove(i)))
-            .collect())
+            .collect();
+        Ok((outputs, timing))
     }
 
     /// Sends a raw request through the model's plugin: preprocess, run,
@@ -199,7 +215,7 @@ impl Model {
     /// [`Error::InvalidArgument`] when the model has no plugin or the plugin
     /// refuses the request; [`Error::Internal`] when the plugin fails, traps,
     /// exceeds its limits or produces tensors that do not fit the model.
-    pub async fn predict(&self, req: RawRequest) -> Result<RawResponse, Error> {
+    pub async fn predict(&self, req: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
         let plugin = self.plugin.as_ref().ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{PLUGIN_PARAMETER}')",
@@ -208,8 +224,13 @@ impl Model {
             ))
         })?;
         let req = Arc::new(req);
-        let inputs = plugin.preprocess(req.clone()).await.map_err(plugin_error)?;
-        let outputs = match self.infer(inputs, &[], RequestOptions::default()).await {
+        let mut timing = PredictTiming::default();
+        let started = Instant::now();
+        let inputs = plugin.preprocess(req.clone()).await;
+        timing.preprocess = started.elapsed();
+        self.metrics.plugin("preprocess", timing.preprocess, !matches!(inputs, Err(PluginError::Failed(_))));
+        let (outputs, inference) = match self.infer(inputs.map_err(plugin_error)?, &[], RequestOptions::default()).await
+        {
             Err(Error::InvalidArgument(m)) => {
                 return Err(Error::Internal(format!(
                     "the plugin's preprocess produced tensors the model cannot take: {m}"
@@ -217,7 +238,48 @@ impl Model {
             }
             other => other?,
         };
-        plugin.postprocess(req, outputs).await.map_err(plugin_error)
+        timing.inference = inference;
+        let started = Instant::now();
+        let response = plugin.postprocess(req, outputs).await;
+        timing.postprocess = started.elapsed();
+        self.metrics.plugin("postprocess", timing.postprocess, !matches!(response, Err(PluginError::Failed(_))));
+        Ok((response.map_err(plugin_error)?, timing))
+    }
+
+    /// The configuration as served: `config.pbtxt` with the platform,
+    /// backend, name, inputs and outputs filled in where it leaves them out
+    /// (Triton's auto-complete).
+    pub fn completed_config(&self) -> ModelConfig {
+        use crate::config::proto::{ModelInput, ModelOutput};
+        let mut c = self.config.clone();
+        c.name.clone_from(&self.name);
+        c.platform = self.platform().to_owned();
+        c.backend = "onnxruntime".to_owned();
+        let data_type = |dt| config::datatype_to_config(dt) as i32;
+        if c.input.is_empty() {
+            let spec = |s: &crate::tensor::TensorSpec| ModelInput {
+                name: s.name.clone(),
+                data_type: data_type(s.datatype),
+                dims: s.dims.clone(),
+                ..ModelInput::default()
+            };
+            c.input = self.signature.inputs.iter().map(spec).collect();
+        }
+        if c.output.is_empty() {
+            let spec = |s: &crate::tensor::TensorSpec| ModelOutput {
+                name: s.name.clone(),
+                data_type: data_type(s.datatype),
+                dims: s.dims.clone(),
+                ..ModelOutput::default()
+            };
+            c.output = self.signature.outputs.iter().map(spec).collect();
+        }
+        c
+    }
+
+    /// The model's inference statistics (Triton's statistics extension).
+    pub fn statistics(&self) -> serde_json::Value {
+        self.metrics.statistics()
     }
 }
 

@@ -16,7 +16,7 @@ mod queue;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -25,11 +25,20 @@ use self::policy::{OnTimeout, Policy, RequestOptions};
 use self::queue::{Entry, Next, Queue};
 use crate::backend::{Backend, BackendError};
 use crate::error::Error;
-use crate::metrics::ModelMetrics;
+use crate::metrics::{Compute, ModelMetrics};
 use crate::tensor::Tensor;
 
 /// The answer a worker sends back to a queued request.
-type Reply = Result<Vec<Tensor>, Error>;
+type Reply = Result<(Vec<Tensor>, Timing), Error>;
+
+/// Where one request's time went inside the scheduler.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// Time in the queue.
+    pub queue: Duration,
+    /// The compute phases of the execution that ran it (shared by its batch).
+    pub compute: Compute,
+}
 
 struct Job {
     inputs: Vec<Tensor>,
@@ -87,7 +96,8 @@ impl Scheduler {
     }
 
     /// Queues `inputs` (already checked against the model's signature) and
-    /// waits for the outputs: the request's own rows of every output.
+    /// waits for the outputs: the request's own rows of every output, and
+    /// where its time went.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `priority` the model does not have;
@@ -95,7 +105,11 @@ impl Scheduler {
     /// (`max_queue_size`) or the request's queue timeout expires under
     /// `timeout_action: REJECT`; [`Error::InvalidArgument`] or
     /// [`Error::Internal`] when the backend refuses or fails the batch.
-    pub async fn submit(&self, mut inputs: Vec<Tensor>, options: RequestOptions) -> Result<Vec<Tensor>, Error> {
+    pub async fn submit(
+        &self,
+        mut inputs: Vec<Tensor>,
+        options: RequestOptions,
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
         let shared = &*self.shared;
         let level = shared.policy.level(options.priority).map_err(|m| shared.invalid(m))?;
         let queue_policy = &shared.policy.levels[level];
@@ -114,11 +128,11 @@ impl Scheduler {
                 )));
             }
             let id = state.queue.push(level, rows, key, Job { inputs, reply });
-            shared.metrics.pending_requests.inc();
+            shared.metrics.pending().inc();
             shared.wake.notify_one();
             id
         };
-        let mut queued = Queued { shared, level, id, stage: Stage::Queued };
+        let mut queued = Queued { shared, level, id, since: Instant::now(), stage: Stage::Queued };
         let reply = match queue_policy.timeout(options.timeout_us) {
             None => answer.await,
             Some(timeout) => match tokio::time::timeout(timeout, &mut answer).await {
@@ -159,6 +173,7 @@ struct Queued<'a> {
     shared: &'a Shared,
     level: usize,
     id: u64,
+    since: Instant,
     stage: Stage,
 }
 
@@ -189,13 +204,13 @@ impl Drop for Queued<'_> {
     fn drop(&mut self) {
         match self.stage {
             Stage::Returned => {}
-            Stage::Answered => self.shared.metrics.failure("CANCELED"),
+            Stage::Answered => self.shared.metrics.finished(Err("CANCELED"), self.since.elapsed()),
             Stage::Queued => {
                 // Not in the queue any more: it timed out (already counted),
                 // or it is running and the worker counts it.
                 if self.shared.lock().queue.remove(self.level, self.id).is_some() {
-                    self.shared.metrics.pending_requests.dec();
-                    self.shared.metrics.failure("CANCELED");
+                    self.shared.metrics.pending().dec();
+                    self.shared.metrics.finished(Err("CANCELED"), self.since.elapsed());
                 }
                 if let Some(ordering) = &self.shared.ordering {
                     ordering.done(self.id);
@@ -218,7 +233,7 @@ impl Shared {
     fn take_out(&self, level: usize, id: u64) -> bool {
         let removed = self.lock().queue.remove(level, id).is_some();
         if removed {
-            self.metrics.pending_requests.dec();
+            self.metrics.pending().dec();
         }
         removed
     }
@@ -243,7 +258,7 @@ impl Shared {
                     if state.queue.total() > 0 {
                         self.wake.notify_one();
                     }
-                    self.metrics.pending_requests.sub(batch.len() as i64);
+                    self.metrics.pending().sub(batch.len() as i64);
                     return Some(batch);
                 }
                 Next::Wait(None) => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
@@ -262,53 +277,73 @@ impl Shared {
         let taken = Instant::now();
         let rows: Vec<usize> = batch.iter().map(|e| e.rows).collect();
         let mut inputs = Vec::with_capacity(batch.len());
-        let mut replies = Vec::with_capacity(batch.len());
+        let mut waiting = Vec::with_capacity(batch.len());
         for entry in batch {
-            self.metrics.queue_duration_us.inc_by(taken.duration_since(entry.enqueued).as_micros() as u64);
+            let queue = taken.duration_since(entry.enqueued);
+            self.metrics.queued(queue);
             inputs.push(entry.job.inputs);
-            replies.push(entry.job.reply);
+            waiting.push((entry.job.reply, entry.enqueued, queue));
         }
-        for (reply, answer) in replies.into_iter().zip(self.run_batch(instance, inputs, &rows)) {
+        for ((reply, enqueued, queue), answer) in waiting.into_iter().zip(self.run_batch(instance, inputs, &rows)) {
+            let answer = answer.map(|(outputs, compute)| (outputs, Timing { queue, compute }));
             if reply.send(answer).is_err() {
                 // The client went away while its request ran.
-                self.metrics.failure("CANCELED");
+                self.metrics.finished(Err("CANCELED"), enqueued.elapsed());
             }
         }
     }
 
     /// One answer per request. When the backend refuses the combined input,
     /// each request runs alone, so that only the one at fault fails.
-    fn run_batch(&self, instance: &dyn Backend, mut requests: Vec<Vec<Tensor>>, rows: &[usize]) -> Vec<Reply> {
-        let total = rows.iter().sum();
+    fn run_batch(
+        &self,
+        instance: &dyn Backend,
+        mut requests: Vec<Vec<Tensor>>,
+        rows: &[usize],
+    ) -> Vec<Result<(Vec<Tensor>, Compute), Error>> {
         if requests.len() == 1 {
-            return vec![self.run_once(instance, requests.pop().unwrap_or_default(), total).map_err(|e| self.error(e))];
+            let inputs = requests.pop().unwrap_or_default();
+            return vec![
+                self.run_once(instance, inputs, rows[0], Duration::ZERO, |outputs| Ok(vec![outputs]))
+                    .map(|(mut per_request, compute)| (per_request.pop().unwrap_or_default(), compute)),
+            ];
         }
-        match self.run_once(instance, batch::concat(&requests), total) {
-            Ok(outputs) => match batch::split(outputs, rows) {
-                Ok(per_request) => per_request.into_iter().map(Ok).collect(),
-                Err(m) => vec![Err(self.error(BackendError::Failed(m))); requests.len()],
-            },
-            Err(BackendError::InvalidInput(_)) => requests
+        let started = Instant::now();
+        let inputs = batch::concat(&requests);
+        let gathered = started.elapsed();
+        match self.run_once(instance, inputs, rows.iter().sum(), gathered, |outputs| batch::split(outputs, rows)) {
+            Ok((per_request, compute)) => per_request.into_iter().map(|outputs| Ok((outputs, compute))).collect(),
+            Err(Error::InvalidArgument(_)) => requests
                 .into_iter()
                 .zip(rows)
-                .map(|(inputs, &n)| self.run_once(instance, inputs, n).map_err(|e| self.error(e)))
+                .map(|(inputs, &n)| {
+                    self.run_once(instance, inputs, n, Duration::ZERO, |outputs| Ok(vec![outputs]))
+                        .map(|(mut one, compute)| (one.pop().unwrap_or_default(), compute))
+                })
                 .collect(),
-            Err(e) => vec![Err(self.error(e)); requests.len()],
+            Err(e) => vec![Err(e); requests.len()],
         }
     }
 
-    /// One backend execution of `rows` rows, counted in the metrics; a
-    /// panic in the backend is a failure, not a dead worker.
-    fn run_once(&self, instance: &dyn Backend, inputs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>, BackendError> {
+    /// One backend execution of `rows` rows whose outputs `split` divides
+    /// per request, timed and counted in the metrics; a panic in the
+    /// backend is a failure, not a dead worker.
+    fn run_once(
+        &self,
+        instance: &dyn Backend,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        gathered: Duration,
+        split: impl FnOnce(Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, String>,
+    ) -> Result<(Vec<Vec<Tensor>>, Compute), Error> {
         let started = Instant::now();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| instance.execute(inputs)))
             .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
-        self.metrics.compute_infer_duration_us.inc_by(started.elapsed().as_micros() as u64);
-        self.metrics.exec_count.inc();
-        if result.is_ok() {
-            self.metrics.inference_count.inc_by(rows as u64);
-        }
-        result
+        let infer = started.elapsed();
+        let result = result.and_then(|outputs| split(outputs).map_err(BackendError::Failed));
+        let compute = Compute { input: gathered, infer, output: started.elapsed() - infer };
+        self.metrics.executed(rows, compute, result.is_ok());
+        result.map(|per_request| (per_request, compute)).map_err(|e| self.error(e))
     }
 
     fn error(&self, e: BackendError) -> Error {

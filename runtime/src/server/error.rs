@@ -41,7 +41,6 @@ impl From<Error> for ApiError {
             Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let retry_after_secs = matches!(e, Error::Overloaded(_)).then_some(OVERLOAD_RETRY_AFTER_SECS);

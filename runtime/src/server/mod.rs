@@ -1,6 +1,7 @@
 //! The HTTP server: KServe v2 routes on axum, started by [`serve`], with
 //! repository polling and graceful shutdown.
 
+mod binary;
 mod error;
 mod routes;
 mod v2_json;
@@ -16,6 +17,8 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower_http::compression::CompressionLayer;
+use tower_http::decompression::RequestDecompressionLayer;
 
 use crate::backend::onnx::OnnxRuntime;
 use crate::error::Error;
@@ -93,6 +96,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v2/models/{model}", get(routes::model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata))
         .route("/v2/models/{model}/ready", get(routes::model_ready))
+        .route("/v2/models/{model}/config", get(routes::model_config))
+        .route("/v2/models/{model}/versions/{version}/config", get(routes::model_config))
+        .route("/v2/models/stats", get(routes::model_stats))
+        .route("/v2/models/{model}/stats", get(routes::model_stats))
+        .route("/v2/models/{model}/versions/{version}/stats", get(routes::model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready))
         .route("/v2/repository/index", post(routes::repository_index))
         .route("/v2/repository/models/{model}/load", post(routes::load_model))
@@ -100,7 +108,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(inference)
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::wrong_method)
+        // The limit applies to the body after decompression, so a small
+        // compressed body cannot unpack past it.
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(RequestDecompressionLayer::new())
+        .layer(CompressionLayer::new())
         .with_state(state)
 }
 

@@ -4,22 +4,25 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::binary;
 use super::error::ApiError;
-use super::v2_json::{InferRequest, InferResponse, ModelMetadata, OutputTensor, TensorMetadata, binary_unsupported};
+use super::v2_json::{InferResponse, ModelMetadata, TensorMetadata};
 use crate::error::Error;
 use crate::lifecycle::ControlMode;
 use crate::model::Model;
 use crate::plugin::RawRequest;
+use crate::scheduler::Timing;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -85,7 +88,7 @@ pub async fn server_metadata() -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "name": "plinth",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["model_repository"],
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
     }))
 }
 
@@ -119,36 +122,38 @@ pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) ->
     Ok(StatusCode::OK)
 }
 
-/// `POST /v2/models/{m}[/versions/{v}]/infer`: JSON tensors in and out.
+/// `POST /v2/models/{m}[/versions/{v}]/infer`: tensors in and out as JSON
+/// or binary tensor data (`binary::decode`, `binary::encode`); the request
+/// `parameters` may set `priority` and `timeout`. The answer carries a
+/// `Server-Timing` header.
 pub async fn infer(
     State(state): State<Arc<AppState>>,
     model: ModelRef,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<InferResponse>> {
+) -> ApiResult<Response> {
     let m = model.resolve(&state).await?;
-    if headers.contains_key("inference-header-content-length") {
-        return Err(binary_unsupported().into());
-    }
     let body = body.map_err(|e| rejected_body(&state, e))?;
-    let request: InferRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("malformed inference request JSON: {e}")))?;
-    request.refuse_binary()?;
+    let binary::Decoded { request, tensors } = binary::decode(&headers, &body, &m.signature)?;
     let options = request.options()?;
-    let inputs = request.inputs.into_iter().map(|i| i.into_tensor()).collect::<Result<Vec<_>, _>>()?;
-    let requested: Vec<String> = request.outputs.unwrap_or_default().into_iter().map(|o| o.name).collect();
-    let outputs = m.infer(inputs, &requested, options).await?;
-    Ok(Json(InferResponse {
+    let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
+    let (outputs, timing) = m.infer(tensors, &requested, options).await?;
+    let outputs = outputs.into_iter().map(|t| (binary::wants_binary(&request, &t.name), t)).map(|(b, t)| (t, b));
+    let response = InferResponse {
         model_name: m.name.clone(),
         model_version: m.version.to_string(),
-        id: request.id,
-        outputs: outputs.into_iter().map(OutputTensor::from_tensor).collect::<Result<_, _>>()?,
-    }))
+        id: request.id.clone(),
+        outputs: Vec::new(),
+    };
+    let mut response = binary::encode(response, outputs.collect())?;
+    response.headers_mut().insert("server-timing", server_timing(&timing_entries(&timing)));
+    Ok(response)
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/predict`: the raw body goes through
 /// the model's plugin (preprocess → infer → postprocess); the answer is the
-/// plugin's, with its content type. Query parameters reach the plugin.
+/// plugin's, with its content type and a `Server-Timing` header. Query
+/// parameters reach the plugin.
 pub async fn predict(
     State(state): State<Arc<AppState>>,
     model: ModelRef,
@@ -160,8 +165,72 @@ pub async fn predict(
     let body = body.map_err(|e| rejected_body(&state, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
-    let response = m.predict(request).await?;
-    Ok(([(header::CONTENT_TYPE, response.content_type)], response.body).into_response())
+    let (response, timing) = m.predict(request).await?;
+    let mut entries = vec![("preprocess", timing.preprocess)];
+    entries.extend(timing_entries(&timing.inference));
+    entries.push(("postprocess", timing.postprocess));
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_str(&response.content_type)
+                .unwrap_or(HeaderValue::from_static("application/octet-stream")),
+        )],
+        [(HeaderName::from_static("server-timing"), server_timing(&entries))],
+        response.body,
+    )
+        .into_response())
+}
+
+fn timing_entries(t: &Timing) -> Vec<(&'static str, Duration)> {
+    vec![
+        ("queue", t.queue),
+        ("compute_input", t.compute.input),
+        ("compute_infer", t.compute.infer),
+        ("compute_output", t.compute.output),
+    ]
+}
+
+/// A `Server-Timing` header (W3C Server Timing): one metric per stage, its
+/// `dur` in milliseconds with microsecond precision.
+fn server_timing(entries: &[(&str, Duration)]) -> HeaderValue {
+    let text: Vec<String> =
+        entries.iter().map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)).collect();
+    HeaderValue::from_str(&text.join(", ")).expect("stage names and numbers are valid header text")
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/config`: the model configuration as
+/// JSON, as Triton returns it (protobuf field names, enums as names),
+/// inputs and outputs completed from the model file.
+pub async fn model_config(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<Json<serde_json::Value>> {
+    let m = model.resolve(&state).await?;
+    Ok(Json(crate::config::to_json(&m.completed_config())))
+}
+
+/// `GET /v2/models[/{m}[/versions/{v}]]/stats`: Triton's statistics
+/// extension for the READY versions asked for (all models without a name).
+pub async fn model_stats(
+    State(state): State<Arc<AppState>>,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let models = match params.get("model") {
+        None => state.registry.ready_models(None),
+        Some(name) => match params.get("version") {
+            Some(v) => {
+                let version = crate::repository::parse_version(v).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "model version must be a whole number without leading zeros, got '{v}'"
+                    ))
+                })?;
+                vec![state.registry.resolve(name, Some(version))?]
+            }
+            None => {
+                state.registry.resolve(name, None)?;
+                state.registry.ready_models(Some(name))
+            }
+        },
+    };
+    let stats: Vec<_> = models.iter().map(|m| m.statistics()).collect();
+    Ok(Json(serde_json::json!({ "model_stats": stats })))
 }
 
 /// `POST /v2/repository/index`: every model version and its state; with

@@ -21,25 +21,6 @@ pub struct InferRequest {
 }
 
 impl InferRequest {
-    /// Refuses what the binary tensor data extension would carry
-    /// (`binary_data_size`, `binary_data`, `binary_data_output`), which
-    /// Plinth does not speak yet, rather than ignoring it.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] naming the parameter.
-    pub fn refuse_binary(&self) -> Result<(), Error> {
-        let set = |p: &Map<String, Value>, key: &str| p.get(key).is_some_and(|v| v != &Value::Bool(false));
-        let binary = set(&self.parameters, "binary_data_output")
-            || self.inputs.iter().any(|i| i.parameters.contains_key("binary_data_size"))
-            || self.outputs.iter().flatten().any(|o| set(&o.parameters, "binary_data"));
-        if binary {
-            return Err(binary_unsupported());
-        }
-        Ok(())
-    }
-}
-
-impl InferRequest {
     /// The scheduling options in the request `parameters`: `priority` (a
     /// priority level, 1 = highest) and `timeout` (queue timeout in
     /// microseconds), as Triton reads them.
@@ -55,14 +36,6 @@ impl InferRequest {
         };
         Ok(RequestOptions { priority: number("priority")?, timeout_us: number("timeout")? })
     }
-}
-
-/// The error for a request that uses the binary tensor data extension.
-pub fn binary_unsupported() -> Error {
-    Error::Unsupported(
-        "the binary tensor data extension is not supported yet; send tensors as JSON (tritonclient: binary_data=False)"
-            .into(),
-    )
 }
 
 /// One input tensor of an inference request.
@@ -96,13 +69,17 @@ pub struct InferResponse {
     pub outputs: Vec<OutputTensor>,
 }
 
-/// One output tensor of a response, `data` flat and row-major.
+/// One output tensor of a response: `data` flat and row-major, or, for
+/// binary tensor data, `parameters.binary_data_size` and no `data`.
 #[derive(Debug, Serialize)]
 pub struct OutputTensor {
     pub name: String,
     pub datatype: &'static str,
     pub shape: Vec<i64>,
-    pub data: OutputData,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<OutputData>,
 }
 
 /// Output elements, kept in their own type so that floats print with their
@@ -297,7 +274,24 @@ impl OutputTensor {
                 )));
             }
         };
-        Ok(OutputTensor { name: t.name, datatype: t.datatype.name(), shape: t.shape, data })
+        Ok(OutputTensor {
+            name: t.name,
+            datatype: t.datatype.name(),
+            shape: t.shape,
+            parameters: None,
+            data: Some(data),
+        })
+    }
+
+    /// The JSON part of an output sent as `size` bytes of binary data.
+    pub fn binary(t: Tensor, size: usize) -> OutputTensor {
+        OutputTensor {
+            name: t.name,
+            datatype: t.datatype.name(),
+            shape: t.shape,
+            parameters: Some(serde_json::json!({ "binary_data_size": size })),
+            data: None,
+        }
     }
 }
 

@@ -1,0 +1,298 @@
+//! The KServe v2 binary tensor data extension over HTTP: an `/infer` body
+//! is a JSON header of `Inference-Header-Content-Length` bytes followed by
+//! the raw data of the inputs that carry `binary_data_size`, in input
+//! order; outputs asked for with `binary_data` (or the request parameter
+//! `binary_data_output`) come back the same way.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::v2_json::{InferRequest, InferResponse, InputTensor, OutputTensor};
+use crate::config::Signature;
+use crate::error::Error;
+use crate::tensor::{DataType, Tensor, element_count, push_bytes_element};
+
+/// The header giving the length of the JSON part of a body.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// An `/infer` body taken apart: the JSON request and its input tensors.
+pub struct Decoded {
+    /// The JSON header (its `inputs` already converted to `tensors`).
+    pub request: InferRequest,
+    /// The inputs, in request order.
+    pub tensors: Vec<Tensor>,
+}
+
+/// Reads an `/infer` body. Without `Inference-Header-Content-Length` it is
+/// all JSON; with it, the JSON header is followed by binary tensor data;
+/// with the value 0 the whole body is the raw data of the model's only
+/// input (its datatype and shape taken from the signature).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming what is wrong: a header value that is
+/// not a number within the body's length, malformed JSON, an input with
+/// both or neither of `data` and `binary_data_size`, a size past the end of
+/// the body, bytes left over, or data that does not fill the input's shape
+/// (including a `BYTES` element length past the end).
+pub fn decode(headers: &HeaderMap, body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
+    let Some(value) = headers.get(HEADER_LENGTH) else {
+        return tensors(json(body)?, None);
+    };
+    let length =
+        value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n <= body.len()).ok_or_else(
+            || {
+                bad(format!(
+                    "{HEADER_LENGTH} must be a whole number from 0 to the body's length ({} bytes), got {value:?}",
+                    body.len()
+                ))
+            },
+        )?;
+    if length == 0 {
+        return raw_input(body, signature);
+    }
+    let (header, binary) = body.split_at(length);
+    tensors(json(header)?, Some(binary))
+}
+
+fn json(bytes: &[u8]) -> Result<InferRequest, Error> {
+    serde_json::from_slice(bytes).map_err(|e| bad(format!("malformed inference request JSON: {e}")))
+}
+
+/// Converts each input, taking the binary ones' bytes from `binary` in
+/// order; `None` when the body has no binary part.
+fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, Error> {
+    let has_binary = binary.is_some();
+    let mut binary = binary.unwrap_or_default();
+    let inputs = std::mem::take(&mut request.inputs);
+    let mut tensors = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let tensor = match binary_size(&input)? {
+            None => input.into_tensor()?,
+            Some(_) if !has_binary => {
+                return Err(bad(format!(
+                    "input '{}' has binary_data_size, but the request has no {HEADER_LENGTH} header to say where its JSON ends",
+                    input.name
+                )));
+            }
+            Some(_) if !input.data.is_null() => {
+                return Err(bad(format!(
+                    "input '{}' has both 'data' and 'binary_data_size'; give exactly one",
+                    input.name
+                )));
+            }
+            Some(size) => {
+                let (data, rest) = binary.split_at_checked(size).ok_or_else(|| {
+                    bad(format!(
+                        "input '{}' has binary_data_size {size}, but only {} bytes of binary data are left in the body",
+                        input.name,
+                        binary.len()
+                    ))
+                })?;
+                binary = rest;
+                binary_tensor(input, data.to_vec())?
+            }
+        };
+        tensors.push(tensor);
+    }
+    if !binary.is_empty() {
+        return Err(bad(format!(
+            "{} bytes of binary data are left over after the inputs' binary_data_size",
+            binary.len()
+        )));
+    }
+    Ok(Decoded { request, tensors })
+}
+
+/// The input's `binary_data_size` parameter, if it has one.
+fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
+    match input.parameters.get("binary_data_size") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+            bad(format!("input '{}': binary_data_size must be a non-negative integer, got {v}", input.name))
+        }),
+    }
+}
+
+fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
+    let datatype = DataType::from_name(&input.datatype)
+        .ok_or_else(|| bad(format!("input '{}': unknown datatype '{}'", input.name, input.datatype)))?;
+    if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
+        return Err(bad(format!("input '{}': shape {:?} has a negative dimension {d}", input.name, input.shape)));
+    }
+    let tensor = Tensor { name: input.name, datatype, shape: input.shape, data };
+    tensor.check_data().map_err(|m| bad(format!("binary data of {m}")))?;
+    Ok(tensor)
+}
+
+/// `Inference-Header-Content-Length: 0`: the body is the raw data of the
+/// model's only input. A BYTES input gets the body as one element; a
+/// fixed-size input needs fixed dimensions, and a batching model gets as
+/// many rows as the body holds.
+fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
+    let [spec] = signature.inputs.as_slice() else {
+        return Err(bad(format!(
+            "{HEADER_LENGTH}: 0 sends the body as the model's only input, but the model has {} inputs",
+            signature.inputs.len()
+        )));
+    };
+    let batching = signature.max_batch_size > 0;
+    let mut shape = spec.dims.clone();
+    let data = match spec.datatype.element_size() {
+        None => {
+            shape.iter_mut().for_each(|d| *d = (*d).max(1));
+            let mut data = Vec::with_capacity(body.len() + 4);
+            push_bytes_element(&mut data, body);
+            data
+        }
+        Some(size) => {
+            let row = element_count(&shape)
+                .filter(|_| shape.iter().all(|&d| d >= 0))
+                .map(|n| n * size)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{HEADER_LENGTH}: 0 needs an input of fixed dimensions, but '{}' has dims {:?}",
+                        spec.name, spec.dims
+                    ))
+                })?;
+            if !body.len().is_multiple_of(row) || (!batching && body.len() != row) {
+                return Err(bad(format!(
+                    "the raw body of {} bytes does not fill input '{}' ({} of {row} bytes per {})",
+                    body.len(),
+                    spec.name,
+                    spec.datatype,
+                    if batching { "row" } else { "tensor" }
+                )));
+            }
+            if batching {
+                shape.insert(0, (body.len() / row) as i64);
+            }
+            body.to_vec()
+        }
+    };
+    if batching && spec.datatype == DataType::Bytes {
+        shape.insert(0, 1);
+    }
+    let request = InferRequest { id: None, parameters: Default::default(), inputs: Vec::new(), outputs: None };
+    Ok(Decoded { request, tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }] })
+}
+
+/// Which outputs go back as binary data: an output's own `binary_data`
+/// parameter, else the request's `binary_data_output`.
+pub fn wants_binary(request: &InferRequest, output: &str) -> bool {
+    let flag = |v: Option<&Value>| v.and_then(Value::as_bool);
+    let own = request.outputs.iter().flatten().find(|o| o.name == output);
+    flag(own.and_then(|o| o.parameters.get("binary_data")))
+        .or_else(|| flag(request.parameters.get("binary_data_output")))
+        .unwrap_or(false)
+}
+
+/// The response body: JSON alone, or, when any output is binary, the JSON
+/// header followed by those outputs' data, with `Inference-Header-Content-Length`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an FP16/BF16 output asked for as JSON.
+pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, bool)>) -> Result<Response, Error> {
+    let mut binary = Vec::new();
+    for (tensor, as_binary) in outputs {
+        response.outputs.push(if as_binary {
+            let size = tensor.data.len();
+            binary.extend_from_slice(&tensor.data);
+            OutputTensor::binary(tensor, size)
+        } else {
+            OutputTensor::from_tensor(tensor)?
+        });
+    }
+    let mut body = serde_json::to_vec(&response).expect("a response serialises");
+    let mut headers = HeaderMap::new();
+    if response.outputs.iter().any(|o| o.parameters.is_some()) {
+        headers.insert(HEADER_LENGTH, HeaderValue::from(body.len()));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+        body.extend_from_slice(&binary);
+    } else {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    Ok((headers, Body::from(body)).into_response())
+}
+
+fn bad(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::TensorSpec;
+
+    fn signature(datatype: DataType, dims: &[i64], max_batch_size: u32) -> Signature {
+        Signature {
+            max_batch_size,
+            inputs: vec![TensorSpec { name: "x".into(), datatype, dims: dims.to_vec() }],
+            outputs: vec![],
+        }
+    }
+
+    fn body(header: &str, binary: &[u8]) -> (HeaderMap, Vec<u8>) {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_LENGTH, HeaderValue::from(header.len()));
+        (headers, [header.as_bytes(), binary].concat())
+    }
+
+    fn error(headers: &HeaderMap, body: &[u8]) -> String {
+        match decode(headers, body, &signature(DataType::Fp32, &[2], 4)) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    const ONE_INPUT: &str =
+        r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
+
+    #[test]
+    fn binary_inputs_follow_the_json_header_in_order() {
+        let header = r#"{"inputs":[
+            {"name":"a","shape":[2],"datatype":"INT16","parameters":{"binary_data_size":4}},
+            {"name":"b","shape":[1],"datatype":"INT8","data":[7]},
+            {"name":"c","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}"#;
+        let (headers, body) = body(header, &[1, 0, 2, 0, 2, 0, 0, 0, b'h', b'i']);
+        let decoded = decode(&headers, &body, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        assert_eq!(decoded.tensors[0].data, vec![1, 0, 2, 0]);
+        assert_eq!(decoded.tensors[1].data, vec![7]);
+        assert_eq!(decoded.tensors[2].data, vec![2, 0, 0, 0, b'h', b'i']);
+    }
+
+    #[test]
+    fn malformed_binary_requests_are_refused_with_the_reason() {
+        let (mut headers, full) = body(ONE_INPUT, &[0; 8]);
+        headers.insert(HEADER_LENGTH, HeaderValue::from(full.len() + 1));
+        assert!(error(&headers, &full).contains("from 0 to the body's length"));
+
+        let (headers, short) = body(ONE_INPUT, &[0; 4]);
+        assert!(error(&headers, &short).contains("only 4 bytes of binary data are left"));
+
+        let (headers, long) = body(ONE_INPUT, &[0; 12]);
+        assert!(error(&headers, &long).contains("4 bytes of binary data are left over"));
+
+        let both = r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2],"parameters":{"binary_data_size":8}}]}"#;
+        let (headers, b) = body(both, &[0; 8]);
+        assert!(error(&headers, &b).contains("both 'data' and 'binary_data_size'"));
+
+        let strings = r#"{"inputs":[{"name":"s","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}"#;
+        let (headers, b) = body(strings, &[9, 0, 0, 0, b'h', b'i']);
+        assert!(error(&headers, &b).contains("malformed BYTES"));
+    }
+
+    #[test]
+    fn a_zero_header_length_makes_the_body_the_only_input() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_LENGTH, HeaderValue::from(0));
+        let raw = [0u8; 16];
+        let decoded = decode(&headers, &raw, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        assert_eq!(decoded.tensors[0].shape, vec![2, 2]);
+        let decoded = decode(&headers, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
+        assert_eq!(decoded.tensors[0].shape, vec![1]);
+        assert!(decode(&headers, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
+    }
+}
