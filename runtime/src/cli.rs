@@ -98,6 +98,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60)]
     pub model_load_timeout_secs: u64,
 
+    /// Port of the KServe v2 gRPC service and the gRPC health service (0
+    /// picks a free port).
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+
+    /// Serve gRPC at all.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
+
     /// Port of the Prometheus metrics (`GET /metrics`; 0 picks a free port).
     #[arg(long, default_value_t = 8002)]
     pub metrics_port: u16,
@@ -207,6 +216,7 @@ impl ServeArgs {
                 budget: Budget { bytes: self.model_memory_budget.map(|b| b as u64), models: self.max_loaded_models },
             },
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
+            grpc_port: self.allow_grpc.then_some(self.grpc_port),
             repository_poll: Duration::from_secs(self.repository_poll_secs),
             load_models: self.load_models.clone(),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),

@@ -15,7 +15,8 @@ START_TIMEOUT_S = 120
 
 
 class Plinth:
-    """A running `plinth serve`; `url` is its HTTP base URL."""
+    """A running `plinth serve`; `url`, `grpc_url` and `metrics_url` are its
+    HTTP, gRPC and metrics addresses (host:port)."""
 
     def __init__(self, repository, *extra):
         binary = pathlib.Path(os.environ.get("PLINTH_BIN", ROOT / "target/release/plinth"))
@@ -24,13 +25,15 @@ class Plinth:
         env = dict(os.environ)
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".venv/libonnxruntime.so"))
         self.proc = subprocess.Popen(
-            [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0",
+            [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
              "--model-repository", str(repository), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         threading.Thread(target=self._read_log, daemon=True).start()
         metrics = self._wait_for(r"metrics listening on (\S+)")
         self.metrics_url = f"127.0.0.1:{metrics.rsplit(':', 1)[1]}"
+        grpc = self._wait_for(r"gRPC server listening on (\S+)")
+        self.grpc_url = f"127.0.0.1:{grpc.rsplit(':', 1)[1]}"
         address = self._wait_for(r"HTTP server listening on (\S+)")
         self.url = f"127.0.0.1:{address.rsplit(':', 1)[1]}"
         self._wait_for(r"start-up loading finished")

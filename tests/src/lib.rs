@@ -89,7 +89,17 @@ impl Server {
     /// port, and waits until its start-up loading has finished.
     pub fn start(repository: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(binary())
-            .args(["serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0"])
+            .args([
+                "serve",
+                "--http-address",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--grpc-port",
+                "0",
+            ])
             .arg("--model-repository")
             .arg(repository)
             .args(extra)

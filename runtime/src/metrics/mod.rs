@@ -13,7 +13,7 @@ use prometheus::{
     TextEncoder,
 };
 
-pub use model::{Compute, ModelMetrics};
+pub use model::{BatchStats, Compute, InferenceStats, ModelMetrics, ModelStatistics, Total};
 
 /// The labels of Triton's per-model families.
 const MODEL_LABELS: &[&str] = &["model", "version"];
@@ -237,7 +237,7 @@ mod tests {
             text.contains("nv_inference_request_failure{model=\"a\",reason=\"REJECTED\",version=\"2\"} 1"),
             "{text}"
         );
-        let stats = model.statistics();
+        let stats = serde_json::to_value(model.statistics()).unwrap();
         assert_eq!(stats["execution_count"], 1);
         assert_eq!(stats["inference_stats"]["fail"]["count"], 1);
         assert_eq!(stats["batch_stats"][0]["batch_size"], 4);

@@ -112,38 +112,36 @@ impl ModelMetrics {
     }
 
     /// This version's entry of Triton's statistics extension (`model_stats`).
-    pub fn statistics(&self) -> serde_json::Value {
-        let stats = self.stats().clone();
-        let batch_stats: Vec<_> = stats
-            .batches
-            .iter()
-            .map(|(size, b)| {
-                serde_json::json!({
-                    "batch_size": size,
-                    "compute_input": b.compute_input,
-                    "compute_infer": b.compute_infer,
-                    "compute_output": b.compute_output,
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "name": self.labels[0],
-            "version": self.labels[1],
-            "last_inference": stats.last_inference,
-            "inference_count": stats.inference_count,
-            "execution_count": stats.execution_count,
-            "inference_stats": {
-                "success": stats.success,
-                "fail": stats.fail,
-                "queue": stats.queue,
-                "compute_input": stats.compute_input,
-                "compute_infer": stats.compute_infer,
-                "compute_output": stats.compute_output,
-                "cache_hit": Total::default(),
-                "cache_miss": Total::default(),
+    pub fn statistics(&self) -> ModelStatistics {
+        let stats = self.stats();
+        let zero = Total::default();
+        ModelStatistics {
+            name: self.labels[0].clone(),
+            version: self.labels[1].clone(),
+            last_inference: stats.last_inference,
+            inference_count: stats.inference_count,
+            execution_count: stats.execution_count,
+            inference_stats: InferenceStats {
+                success: stats.success,
+                fail: stats.fail,
+                queue: stats.queue,
+                compute_input: stats.compute_input,
+                compute_infer: stats.compute_infer,
+                compute_output: stats.compute_output,
+                cache_hit: zero,
+                cache_miss: zero,
             },
-            "batch_stats": batch_stats,
-        })
+            batch_stats: stats
+                .batches
+                .iter()
+                .map(|(&batch_size, b)| BatchStats {
+                    batch_size: batch_size as u64,
+                    compute_input: b.compute_input,
+                    compute_infer: b.compute_infer,
+                    compute_output: b.compute_output,
+                })
+                .collect(),
+        }
     }
 
     fn stats(&self) -> std::sync::MutexGuard<'_, Statistics> {
@@ -156,10 +154,12 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// A count and the nanoseconds it took, as the statistics extension reports.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-struct Total {
-    count: u64,
-    ns: u64,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Total {
+    /// How many times.
+    pub count: u64,
+    /// Their cumulative duration, in nanoseconds.
+    pub ns: u64,
 }
 
 impl Total {
@@ -169,6 +169,60 @@ impl Total {
     }
 }
 
+/// One version's statistics, in the shape and names of Triton's statistics
+/// extension (`ModelStatistics`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelStatistics {
+    /// The model's name.
+    pub name: String,
+    /// The version.
+    pub version: String,
+    /// Milliseconds since the epoch of the last successful execution.
+    pub last_inference: u64,
+    /// Rows inferred successfully.
+    pub inference_count: u64,
+    /// Executions (batches).
+    pub execution_count: u64,
+    /// Request and phase totals.
+    pub inference_stats: InferenceStats,
+    /// Compute phase totals per executed batch size.
+    pub batch_stats: Vec<BatchStats>,
+}
+
+/// Request outcomes and the time spent in each phase.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct InferenceStats {
+    /// Answered requests, with their durations.
+    pub success: Total,
+    /// Failed requests, with their durations.
+    pub fail: Total,
+    /// Time spent queued.
+    pub queue: Total,
+    /// Gathering batch inputs.
+    pub compute_input: Total,
+    /// Backend runs.
+    pub compute_infer: Total,
+    /// Splitting batch outputs.
+    pub compute_output: Total,
+    /// Always zero: Plinth has no response cache.
+    pub cache_hit: Total,
+    /// Always zero: Plinth has no response cache.
+    pub cache_miss: Total,
+}
+
+/// The compute phases of the executions of one batch size.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct BatchStats {
+    /// Rows in the batch.
+    pub batch_size: u64,
+    /// Gathering the inputs.
+    pub compute_input: Total,
+    /// Backend runs.
+    pub compute_infer: Total,
+    /// Splitting the outputs.
+    pub compute_output: Total,
+}
+
 #[derive(Clone, Default)]
 struct BatchTotals {
     compute_input: Total,
@@ -176,7 +230,7 @@ struct BatchTotals {
     compute_output: Total,
 }
 
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct Statistics {
     /// Milliseconds since the epoch of the last successful execution.
     last_inference: u64,

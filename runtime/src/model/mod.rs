@@ -278,7 +278,7 @@ impl Model {
     }
 
     /// The model's inference statistics (Triton's statistics extension).
-    pub fn statistics(&self) -> serde_json::Value {
+    pub fn statistics(&self) -> crate::metrics::ModelStatistics {
         self.metrics.statistics()
     }
 }

@@ -3,6 +3,7 @@
 
 mod binary;
 mod error;
+mod grpc;
 mod routes;
 mod v2_json;
 
@@ -24,9 +25,11 @@ use crate::backend::onnx::OnnxRuntime;
 use crate::error::Error;
 use crate::lifecycle::{ControlMode, Lifecycle, LoadLimits};
 use crate::metrics::Metrics;
+use crate::model::Model;
 use crate::model::Runtimes;
 use crate::plugin::{PluginHost, PluginLimits};
 use crate::registry::Registry;
+use tonic_health::ServingStatus;
 
 pub use error::ApiError;
 
@@ -45,6 +48,8 @@ pub struct ServeOptions {
     pub load_limits: LoadLimits,
     /// Port of `GET /metrics`; `None` serves no metrics.
     pub metrics_port: Option<u16>,
+    /// Port of the gRPC services; `None` serves no gRPC.
+    pub grpc_port: Option<u16>,
     /// Address the HTTP server binds.
     pub http_address: std::net::IpAddr,
     /// 0 picks a free port (logged at start).
@@ -79,6 +84,63 @@ pub struct AppState {
     pub strict_readiness: bool,
     /// `--http-max-body-bytes`, for the 413 message.
     pub max_body_bytes: usize,
+}
+
+/// The protocol extensions Plinth serves, as server metadata lists them.
+pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"];
+
+impl AppState {
+    /// Ready: the start-up loads are done, shutdown has not begun and, with
+    /// `--strict-readiness`, every model that should be loaded is READY.
+    pub fn is_ready(&self) -> bool {
+        let loaded = self.startup_done.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire);
+        loaded && (!self.strict_readiness || self.registry.all_ready())
+    }
+
+    /// Counts an inference request in flight until the guard drops.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] once shutdown has begun.
+    fn begin_inference(&self) -> Result<InFlight<'_>, Error> {
+        let guard = InFlight::enter(&self.in_flight);
+        // Checked after counting, so shutdown never misses a request it let in.
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("the server is shutting down".into()));
+        }
+        Ok(guard)
+    }
+}
+
+/// A version number from a URL or a gRPC field: whole, no leading zeros.
+///
+/// # Errors
+/// [`Error::NotFound`] for a well-formed number too large to be a version,
+/// [`Error::InvalidArgument`] for anything else.
+fn parse_version(v: &str) -> Result<u64, Error> {
+    crate::repository::parse_version(v).ok_or_else(|| {
+        if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') {
+            Error::NotFound(format!("no version {v}"))
+        } else {
+            Error::InvalidArgument(format!("model version must be a whole number without leading zeros, got '{v}'"))
+        }
+    })
+}
+
+/// The READY versions the statistics extension reports on: every model's
+/// (no name), one model's, or one version's.
+///
+/// # Errors
+/// [`Error::NotFound`] or [`Error::Unavailable`] for a model or version
+/// that cannot be resolved.
+fn stats_models(state: &AppState, name: Option<&str>, version: Option<u64>) -> Result<Vec<Arc<Model>>, Error> {
+    match (name, version) {
+        (None, _) => Ok(state.registry.ready_models(None)),
+        (Some(name), Some(v)) => Ok(vec![state.registry.resolve(name, Some(v))?]),
+        (Some(name), None) => {
+            state.registry.resolve(name, None)?;
+            Ok(state.registry.ready_models(Some(name)))
+        }
+    }
 }
 
 /// The KServe v2 routes.
@@ -119,12 +181,9 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Counts inference requests in flight, so shutdown can wait for them, and
 /// refuses new ones once shutdown has begun.
 async fn track_inference(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let _counted = InFlight::enter(&state.in_flight);
-    // Checked after counting, so shutdown never misses a request it let in.
-    if state.shutting_down.load(Ordering::Acquire) {
-        ApiError::from(Error::Unavailable("the server is shutting down".into())).into_response()
-    } else {
-        next.run(request).await
+    match state.begin_inference() {
+        Ok(_counted) => next.run(request).await,
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -200,6 +259,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         tokio::spawn(async move { axum::serve(listener, app).await });
     }
 
+    let grpc = match opts.grpc_port {
+        Some(port) => Some(start_grpc(state.clone(), SocketAddr::new(opts.http_address, port)).await?),
+        None => None,
+    };
+
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let app = router(state.clone());
     let server = tokio::spawn(async move {
@@ -221,8 +285,53 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     }
     let _ = stop_http.send(());
     server.await.map_err(|e| e.to_string())?.map_err(|e| format!("HTTP server failed: {e}"))?;
+    if let Some((stop_grpc, grpc_server)) = grpc {
+        let _ = stop_grpc.send(());
+        grpc_server.await.map_err(|e| e.to_string())?.map_err(|e| format!("gRPC server failed: {e}"))?;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Binds and starts the KServe v2 gRPC service and the standard gRPC health
+/// service (`grpc.health.v1.Health`, SERVING while ready); returns the
+/// sender that stops them and their task.
+///
+/// # Errors
+/// A message when the address cannot be bound.
+async fn start_grpc(
+    state: Arc<AppState>,
+    addr: SocketAddr,
+) -> Result<(tokio::sync::oneshot::Sender<()>, GrpcServer), String> {
+    use crate::config::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr} for gRPC: {e}"))?;
+    tracing::info!("gRPC server listening on {}", listener.local_addr().map_err(|e| e.to_string())?);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let service = GrpcInferenceServiceServer::new(grpc::Grpc { state: state.clone() })
+        .max_decoding_message_size(state.max_body_bytes)
+        .max_encoding_message_size(usize::MAX);
+    tokio::spawn(async move {
+        // The health service follows readiness, within 100 ms.
+        loop {
+            let status = if state.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+            health.set_service_status("", status).await;
+            health.set_service_status("inference.GRPCInferenceService", status).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                stopped.await.unwrap_or(())
+            }),
+    );
+    Ok((stop, server))
 }
 
 /// The start-up loads, then (poll mode) a look at the repositories every

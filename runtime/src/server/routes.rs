@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Json;
@@ -75,12 +74,7 @@ pub async fn live() -> StatusCode {
 /// with `--strict-readiness`, every model that should be loaded is READY;
 /// 503 before, and from the moment shutdown begins.
 pub async fn ready(State(state): State<Arc<AppState>>) -> StatusCode {
-    let loaded = state.startup_done.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire);
-    if loaded && (!state.strict_readiness || state.registry.all_ready()) {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    }
+    if state.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
 }
 
 /// `GET /v2`: server metadata.
@@ -88,7 +82,7 @@ pub async fn server_metadata() -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "name": "plinth",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
+        "extensions": super::EXTENSIONS,
     }))
 }
 
@@ -212,24 +206,10 @@ pub async fn model_stats(
     State(state): State<Arc<AppState>>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let models = match params.get("model") {
-        None => state.registry.ready_models(None),
-        Some(name) => match params.get("version") {
-            Some(v) => {
-                let version = crate::repository::parse_version(v).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "model version must be a whole number without leading zeros, got '{v}'"
-                    ))
-                })?;
-                vec![state.registry.resolve(name, Some(version))?]
-            }
-            None => {
-                state.registry.resolve(name, None)?;
-                state.registry.ready_models(Some(name))
-            }
-        },
-    };
+    let version = params.get("version").map(|v| super::parse_version(v)).transpose()?;
+    let models = super::stats_models(&state, params.get("model").map(String::as_str), version)?;
     let stats: Vec<_> = models.iter().map(|m| m.statistics()).collect();
+    let stats = serde_json::to_value(stats).expect("statistics serialise");
     Ok(Json(serde_json::json!({ "model_stats": stats })))
 }
 
@@ -299,10 +279,11 @@ pub async fn unload_model(
     Ok(Json(serde_json::json!({})))
 }
 
-fn explicit_mode(state: &AppState) -> Result<(), ApiError> {
+/// Load and unload are allowed in explicit and on_demand mode only.
+pub(super) fn explicit_mode(state: &AppState) -> Result<(), Error> {
     match state.lifecycle.mode() {
         ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
-        mode => Err(ApiError::bad_request(format!(
+        mode => Err(Error::InvalidArgument(format!(
             "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
         ))),
     }

@@ -1,0 +1,308 @@
+//! The KServe v2 gRPC service (`inference.GRPCInferenceService`, from
+//! `proto/grpc_service.proto`) on tonic. Like the HTTP routes, it only
+//! translates: models, lifecycle and registry do the work.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::AppState;
+use crate::config::proto as pb;
+use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
+use crate::config::proto::infer_parameter::ParameterChoice;
+use crate::error::Error;
+use crate::metrics::{ModelStatistics, Total};
+use crate::model::Model;
+use crate::scheduler::policy::RequestOptions;
+use crate::tensor::{DataType, Tensor, push_bytes_element};
+
+/// The gRPC face of the server.
+pub struct Grpc {
+    /// What every handler reads.
+    pub state: Arc<AppState>,
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let message = e.to_string();
+        match e {
+            Error::InvalidArgument(_) => Status::invalid_argument(message),
+            Error::NotFound(_) => Status::not_found(message),
+            Error::Unavailable(_) | Error::Overloaded(_) => Status::unavailable(message),
+            Error::Internal(_) => Status::internal(message),
+        }
+    }
+}
+
+/// An empty version field means "the server's choice".
+fn version(v: &str) -> Result<Option<u64>, Error> {
+    if v.is_empty() { Ok(None) } else { super::parse_version(v).map(Some) }
+}
+
+impl Grpc {
+    async fn model(&self, name: &str, v: &str) -> Result<Arc<Model>, Status> {
+        Ok(self.state.lifecycle.resolve(name, version(v)?).await?)
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Grpc {
+    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Answer<pb::ServerLiveResponse> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Answer<pb::ServerReadyResponse> {
+        Ok(Response::new(pb::ServerReadyResponse { ready: self.state.is_ready() }))
+    }
+
+    async fn model_ready(&self, request: Request<pb::ModelReadyRequest>) -> Answer<pb::ModelReadyResponse> {
+        let r = request.into_inner();
+        let ready = self.state.registry.resolve(&r.name, version(&r.version)?).is_ok();
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(&self, _: Request<pb::ServerMetadataRequest>) -> Answer<pb::ServerMetadataResponse> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "plinth".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: super::EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(&self, request: Request<pb::ModelMetadataRequest>) -> Answer<pb::ModelMetadataResponse> {
+        let r = request.into_inner();
+        let m = self.model(&r.name, &r.version).await?;
+        let tensors = |specs: &[crate::tensor::TensorSpec]| {
+            specs
+                .iter()
+                .map(|s| pb::model_metadata_response::TensorMetadata {
+                    name: s.name.clone(),
+                    datatype: s.datatype.name().into(),
+                    shape: m.signature.full_shape(s),
+                })
+                .collect()
+        };
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: m.name.clone(),
+            versions: self.state.registry.ready_versions(&m.name).iter().map(u64::to_string).collect(),
+            platform: m.platform().into(),
+            inputs: tensors(&m.signature.inputs),
+            outputs: tensors(&m.signature.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, request: Request<pb::ModelInferRequest>) -> Answer<pb::ModelInferResponse> {
+        let _counted = self.state.begin_inference()?;
+        let r = request.into_inner();
+        let m = self.model(&r.model_name, &r.model_version).await?;
+        let options = RequestOptions {
+            priority: uint_parameter(&r.parameters, "priority")?,
+            timeout_us: uint_parameter(&r.parameters, "timeout")?,
+        };
+        let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
+        let inputs = input_tensors(r.inputs, r.raw_input_contents)?;
+        let (outputs, _) = m.infer(inputs, &requested, options).await?;
+        let mut response = pb::ModelInferResponse {
+            model_name: m.name.clone(),
+            model_version: m.version.to_string(),
+            id: r.id,
+            ..Default::default()
+        };
+        for t in outputs {
+            response.outputs.push(pb::model_infer_response::InferOutputTensor {
+                name: t.name,
+                datatype: t.datatype.name().into(),
+                shape: t.shape,
+                ..Default::default()
+            });
+            response.raw_output_contents.push(t.data);
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn model_config(&self, request: Request<pb::ModelConfigRequest>) -> Answer<pb::ModelConfigResponse> {
+        let r = request.into_inner();
+        let m = self.model(&r.name, &r.version).await?;
+        Ok(Response::new(pb::ModelConfigResponse { config: Some(m.completed_config()) }))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<pb::ModelStatisticsRequest>,
+    ) -> Answer<pb::ModelStatisticsResponse> {
+        let r = request.into_inner();
+        let name = (!r.name.is_empty()).then_some(r.name.as_str());
+        let models = super::stats_models(&self.state, name, version(&r.version)?)?;
+        let model_stats = models.iter().map(|m| statistics(m.statistics())).collect();
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<pb::RepositoryIndexRequest>,
+    ) -> Answer<pb::RepositoryIndexResponse> {
+        let ready_only = request.into_inner().ready;
+        let models = self
+            .state
+            .registry
+            .index()
+            .into_iter()
+            .filter(|row| !ready_only || row.state == "READY")
+            .map(|row| pb::repository_index_response::ModelIndex {
+                name: row.name,
+                version: row.version,
+                state: row.state.into(),
+                reason: row.reason,
+            })
+            .collect();
+        Ok(Response::new(pb::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Answer<pb::RepositoryModelLoadResponse> {
+        use pb::model_repository_parameter::ParameterChoice as P;
+        super::routes::explicit_mode(&self.state)?;
+        let r = request.into_inner();
+        let config = match r.parameters.get("config").and_then(|p| p.parameter_choice.as_ref()) {
+            None => None,
+            Some(P::StringParam(json)) => Some(json.clone()),
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "parameter 'config' must be a string holding a JSON model configuration",
+                ));
+            }
+        };
+        self.state.lifecycle.load(&r.model_name, config).await?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Answer<pb::RepositoryModelUnloadResponse> {
+        super::routes::explicit_mode(&self.state)?;
+        self.state.lifecycle.unload(&request.into_inner().model_name).await?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+}
+
+/// A non-negative integer request parameter (`priority`, `timeout`).
+fn uint_parameter(
+    parameters: &std::collections::HashMap<String, pb::InferParameter>,
+    key: &str,
+) -> Result<Option<u64>, Error> {
+    match parameters.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "request parameter '{key}' must be a non-negative integer, got {other:?}"
+        ))),
+    }
+}
+
+/// The inputs as tensors: from `raw_input_contents` (one entry per input,
+/// in order) or from each input's typed `contents`.
+fn input_tensors(
+    inputs: Vec<pb::model_infer_request::InferInputTensor>,
+    raw: Vec<Vec<u8>>,
+) -> Result<Vec<Tensor>, Error> {
+    if !raw.is_empty() && raw.len() != inputs.len() {
+        return Err(Error::InvalidArgument(format!(
+            "raw_input_contents has {} entries for {} inputs; give one per input, in order",
+            raw.len(),
+            inputs.len()
+        )));
+    }
+    let mut raw = raw.into_iter();
+    inputs
+        .into_iter()
+        .map(|input| {
+            let bad = |m: String| Error::InvalidArgument(format!("input '{}': {m}", input.name));
+            let datatype = DataType::from_name(&input.datatype)
+                .ok_or_else(|| bad(format!("unknown datatype '{}'", input.datatype)))?;
+            if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
+                return Err(bad(format!("shape {:?} has a negative dimension {d}", input.shape)));
+            }
+            let data = match raw.next() {
+                Some(bytes) => bytes,
+                None => typed_contents(datatype, input.contents.unwrap_or_default()).map_err(bad)?,
+            };
+            let tensor = Tensor { name: input.name.clone(), datatype, shape: input.shape, data };
+            tensor.check_data().map_err(Error::InvalidArgument)?;
+            Ok(tensor)
+        })
+        .collect()
+}
+
+/// Typed `InferTensorContents` as little-endian bytes.
+fn typed_contents(datatype: DataType, c: pb::InferTensorContents) -> Result<Vec<u8>, String> {
+    fn narrow<T: TryFrom<i64>>(
+        values: &[i64],
+        dt: DataType,
+        out: &mut Vec<u8>,
+        le: impl Fn(T) -> Vec<u8>,
+    ) -> Result<(), String> {
+        for &v in values {
+            out.extend(le(T::try_from(v).map_err(|_| format!("{v} is out of range for {dt}"))?));
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    let ints: Vec<i64> = c.int_contents.iter().map(|&v| i64::from(v)).collect();
+    let uints: Vec<i64> = c.uint_contents.iter().map(|&v| i64::from(v)).collect();
+    match datatype {
+        DataType::Bool => out.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
+        DataType::Int8 => narrow::<i8>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Int16 => narrow::<i16>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Int32 => narrow::<i32>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Int64 => out.extend(c.int64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Uint8 => narrow::<u8>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Uint16 => narrow::<u16>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Uint32 => narrow::<u32>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Uint64 => out.extend(c.uint64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Fp32 => out.extend(c.fp32_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Fp64 => out.extend(c.fp64_contents.iter().flat_map(|v| v.to_le_bytes())),
+        DataType::Bytes => c.bytes_contents.iter().for_each(|b| push_bytes_element(&mut out, b)),
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(format!("{datatype} has no typed contents; send it in raw_input_contents"));
+        }
+    }
+    Ok(out)
+}
+
+fn statistics(s: ModelStatistics) -> pb::ModelStatistics {
+    let d = |t: Total| Some(pb::StatisticDuration { count: t.count, ns: t.ns });
+    let i = s.inference_stats;
+    pb::ModelStatistics {
+        name: s.name,
+        version: s.version,
+        last_inference: s.last_inference,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(pb::InferStatistics {
+            success: d(i.success),
+            fail: d(i.fail),
+            queue: d(i.queue),
+            compute_input: d(i.compute_input),
+            compute_infer: d(i.compute_infer),
+            compute_output: d(i.compute_output),
+            cache_hit: d(i.cache_hit),
+            cache_miss: d(i.cache_miss),
+        }),
+        batch_stats: s
+            .batch_stats
+            .into_iter()
+            .map(|b| pb::InferBatchStatistics {
+                batch_size: b.batch_size,
+                compute_input: d(b.compute_input),
+                compute_infer: d(b.compute_infer),
+                compute_output: d(b.compute_output),
+            })
+            .collect(),
+    }
+}

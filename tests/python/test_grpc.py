@@ -1,0 +1,111 @@
+"""Triton's gRPC client against Plinth's KServe v2 gRPC service: health,
+metadata, config, infer (raw and typed contents, FP16 and BYTES),
+statistics, and the repository index / load / unload, checked against
+onnxruntime in Python; plus the standard gRPC health service."""
+
+import time
+
+import grpc
+import numpy as np
+import onnxruntime
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, Plinth
+from test_binary import CLS, CLS_OUT, server as binary_server  # noqa: F401  (the halves + ocr_cls repository)
+
+
+@pytest.fixture(scope="module")
+def client(binary_server):  # noqa: F811
+    return grpcclient.InferenceServerClient(url=binary_server.grpc_url)
+
+
+def test_health_and_metadata(client, binary_server):  # noqa: F811
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("ocr_cls")
+    assert not client.is_model_ready("no_such_model")
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "plinth"
+    assert "binary_tensor_data" in meta["extensions"]
+    model = client.get_model_metadata("ocr_cls", as_json=True)
+    assert model["platform"] == "onnxruntime_onnx"
+    # This repository's ocr_cls has no inputs in config.pbtxt: the model file's shape.
+    assert model["inputs"][0] == {"name": "x", "datatype": "FP32", "shape": ["-1", "3", "-1", "-1"]}
+    config = client.get_model_config("halves", as_json=True)["config"]
+    assert [i["name"] for i in config["input"]] == ["x", "s"]
+
+    # The health service follows readiness within 100 ms.
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(binary_server.grpc_url))
+    deadline = time.monotonic() + 5
+    while stub.Check(health_pb2.HealthCheckRequest(service="")).status != health_pb2.HealthCheckResponse.SERVING:
+        assert time.monotonic() < deadline, "the gRPC health service never said SERVING"
+        time.sleep(0.05)
+
+
+def test_infer_matches_onnxruntime(client):
+    x = np.random.default_rng(5).uniform(-1, 1, size=(3, 3, 48, 192)).astype(np.float32)
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("ocr_cls", [inp], outputs=[grpcclient.InferRequestedOutput(CLS_OUT)], request_id="g-1")
+    (want,) = onnxruntime.InferenceSession(str(CLS)).run([CLS_OUT], {"x": x})
+    np.testing.assert_allclose(result.as_numpy(CLS_OUT), want, rtol=0, atol=1e-5)
+    assert result.get_response().id == "g-1"
+
+
+def test_fp16_and_bytes(client, binary_server):  # noqa: F811
+    x = np.array([[1.5, -2, 0.25], [8, 16, -0.5]], dtype=np.float16)
+    s = np.array([b"grpc", "ünïcode".encode()], dtype=np.object_)
+    inputs = [grpcclient.InferInput("x", [2, 3], "FP16"), grpcclient.InferInput("s", [2], "BYTES")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(s)
+    result = client.infer("halves", inputs)
+    want_y, want_t = onnxruntime.InferenceSession(str(binary_server.repository / "halves/1/model.onnx")).run(
+        None, {"x": x, "s": np.array(["grpc", "ünïcode"], dtype=object)})
+    np.testing.assert_array_equal(result.as_numpy("y"), want_y)
+    assert [v.decode() for v in result.as_numpy("t")] == list(want_t)
+
+
+def test_errors_are_grpc_statuses(client):
+    inp = grpcclient.InferInput("x", [1, 3, 48, 192], "INT32")
+    inp.set_data_from_numpy(np.zeros((1, 3, 48, 192), np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("ocr_cls", [inp])
+    assert "StatusCode.INVALID_ARGUMENT" in str(e.value.status())
+    assert "must be FP32, got INT32" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("no_such_model", [inp])
+    assert "StatusCode.NOT_FOUND" in str(e.value.status())
+
+
+def test_statistics(client):
+    x = np.zeros((1, 3, 48, 192), np.float32)
+    inp = grpcclient.InferInput("x", [1, 3, 48, 192], "FP32")
+    inp.set_data_from_numpy(x)
+    before = client.get_inference_statistics("ocr_cls", as_json=True)["model_stats"][0]
+    client.infer("ocr_cls", [inp])
+    after = client.get_inference_statistics("ocr_cls", as_json=True)["model_stats"][0]
+    count = lambda s: int(s["inference_stats"]["success"].get("count", 0))  # noqa: E731
+    assert count(after) - count(before) == 1
+
+
+def test_repository_index_load_and_unload(tmp_path):
+    (tmp_path / "ocr_cls" / "1").mkdir(parents=True)
+    (tmp_path / "ocr_cls" / "1" / "model.onnx").write_bytes(CLS.read_bytes())
+    server = Plinth(tmp_path, "--model-control-mode", "explicit")
+    try:
+        client = grpcclient.InferenceServerClient(url=server.grpc_url)
+        assert not client.is_model_ready("ocr_cls")
+        client.load_model("ocr_cls")
+        assert client.is_model_ready("ocr_cls")
+        index = client.get_model_repository_index(as_json=True)["models"]
+        assert {"name": "ocr_cls", "version": "1", "state": "READY"} in [
+            {k: m[k] for k in ("name", "version", "state")} for m in index]
+        client.unload_model("ocr_cls")
+        assert not client.is_model_ready("ocr_cls")
+        with pytest.raises(InferenceServerException):
+            client.load_model("no_such_model")
+    finally:
+        server.stop()
