@@ -2,11 +2,12 @@
 # Sets up everything Plinth needs, inside the project folder, idempotently:
 #   .venv/                 Python with ONNX Runtime 1.31.1 (the library the server loads)
 #                          and the test tools; .venv/libonnxruntime.so links to the library
+#   .cache/perf-analyzer/  Triton's perf_analyzer (tritonclient 2.51.0) and Debian's libb64-0d
 #   wasm32-wasip2          the Rust target plugins are built for
 #   model_repository/      the PP-OCR models from the rapidocr-onnxruntime wheel,
 #                          and each model's plugin (.wasm)
 #   target/release/plinth  the server
-# Only the package registries are needed (PyPI, crates.io).
+# Only the package registries are needed (PyPI, crates.io, Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -24,6 +25,18 @@ fi
 ort_lib=$(.venv/bin/python -c 'import onnxruntime, pathlib; print(next((pathlib.Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*")))')
 ln -sfn "$ort_lib" .venv/libonnxruntime.so
 echo "ONNX Runtime library: $ort_lib"
+
+step "perf_analyzer (tritonclient==2.51.0) in .cache/perf-analyzer"
+# The newest wheel whose perf_analyzer runs on this glibc; it needs Debian's
+# libb64-0d and libcudart from pip even without a GPU.
+if ! dpkg -s libb64-0d >/dev/null 2>&1; then
+    sudo=$([[ $(id -u) == 0 ]] || echo sudo)
+    $sudo apt-get install -y -q libb64-0d >/dev/null || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q libb64-0d >/dev/null; }
+fi
+if [[ ! -x .cache/perf-analyzer/bin/perf_analyzer ]]; then
+    python3 -m venv .cache/perf-analyzer
+    .cache/perf-analyzer/bin/python -m pip install --quiet "tritonclient[all]==2.51.0" nvidia-cuda-runtime-cu12==12.9.79
+fi
 
 step "Rust target wasm32-wasip2"
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then

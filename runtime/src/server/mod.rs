@@ -29,6 +29,7 @@ use crate::model::Model;
 use crate::model::Runtimes;
 use crate::plugin::{PluginHost, PluginLimits};
 use crate::registry::Registry;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 pub use error::ApiError;
@@ -327,7 +328,8 @@ async fn start_grpc(
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(service)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+            // Without TCP_NODELAY small answers wait for the peer's delayed ACK (~40 ms).
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
                 stopped.await.unwrap_or(())
             }),
     );
