@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test bench
+.PHONY: setup serve test bench bench-peers
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 HTTP_PORT ?= 8000
@@ -24,3 +24,7 @@ bench: setup
 	.venv/bin/python bench/hot_swap.py
 	.venv/bin/python bench/residency.py
 	cargo run --release -p plinth-bench --bin batching
+
+# Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
+bench-peers: setup
+	bench/peers/run.sh

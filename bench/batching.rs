@@ -12,14 +12,15 @@
 //!
 //! Usage: make bench   (or: cargo run --release -p plinth-bench --bin batching [SECONDS])
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{Figures, figures, in_process, input_rows};
 use ort::session::Session;
-use ort::value::Tensor;
 use plinth_client::{Client, InferInput, InferRequest, RetryPolicy};
 use plinth_tests::{Server, add_model, example_repository, ort_dylib_path};
 
-const ROW: usize = 3 * 48 * 192;
 const MAX_BATCH: usize = 8;
 const CONCURRENCY: [usize; 3] = [1, 8, 64];
 
@@ -35,13 +36,6 @@ const VARIANTS: [(&str, &str, &str); 5] = [
         "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 2000 }",
     ),
 ];
-
-/// One measurement: requests (or rows) per second and latencies in ms.
-struct Figures {
-    per_second: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
 
 fn main() {
     let seconds: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(3);
@@ -92,19 +86,6 @@ fn main() {
     }
 }
 
-/// ONNX Runtime alone: `batch` rows per run, back to back, for `window`.
-fn in_process(session: &mut Session, batch: usize, window: Duration) -> Figures {
-    let input = Tensor::from_array(([batch, 3, 48, 192], input_rows(0, batch))).expect("a tensor");
-    let mut latencies = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < window {
-        let t = Instant::now();
-        session.run(ort::inputs!["x" => input.view()]).expect("ONNX Runtime runs");
-        latencies.push(t.elapsed());
-    }
-    figures(latencies.len() * batch, started.elapsed(), latencies)
-}
-
 /// `concurrency` client threads sending one-row requests for `window`.
 fn over_http(client: &Client, model: &str, concurrency: usize, window: Duration) -> Figures {
     let started = Instant::now();
@@ -127,17 +108,6 @@ fn over_http(client: &Client, model: &str, concurrency: usize, window: Duration)
         threads.into_iter().flat_map(|t| t.join().expect("client thread")).collect()
     });
     figures(latencies.len(), started.elapsed(), latencies)
-}
-
-fn figures(rows: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Figures {
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0;
-    Figures { per_second: rows as f64 / elapsed.as_secs_f64(), p50_ms: at(0.50), p99_ms: at(0.99) }
-}
-
-/// Rows of a text-line-like input with short exact JSON numbers.
-fn input_rows(seed: usize, rows: usize) -> Vec<f32> {
-    (0..rows * ROW).map(|i| ((i * 31 + seed * 7) % 257) as f32 / 128.0 - 1.0).collect()
 }
 
 /// (`nv_inference_count`, `nv_inference_exec_count`) of `model`.

@@ -63,8 +63,9 @@ impl InferInput {
 pub struct InferResponse {
     /// The model that answered.
     pub model_name: String,
-    /// The version that answered.
-    pub model_version: String,
+    /// The version that answered (optional in the protocol).
+    #[serde(default)]
+    pub model_version: Option<String>,
     /// The request's `id`, if it had one.
     #[serde(default)]
     pub id: Option<String>,

@@ -1,7 +1,7 @@
 """Triton's gRPC client against Plinth's KServe v2 gRPC service: health,
-metadata, config, infer (raw and typed contents, FP16 and BYTES),
-statistics, and the repository index / load / unload, checked against
-onnxruntime in Python; plus the standard gRPC health service."""
+metadata, config, infer (FP16 and BYTES), statistics, and the repository
+index / load / unload (over HTTP too), checked against onnxruntime in
+Python; plus the standard gRPC health service."""
 
 import time
 
@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -91,18 +92,23 @@ def test_statistics(client):
     assert count(after) - count(before) == 1
 
 
-def test_repository_index_load_and_unload(tmp_path):
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_repository_index_load_and_unload(tmp_path, protocol):
     (tmp_path / "ocr_cls" / "1").mkdir(parents=True)
     (tmp_path / "ocr_cls" / "1" / "model.onnx").write_bytes(CLS.read_bytes())
     server = Plinth(tmp_path, "--model-control-mode", "explicit")
     try:
-        client = grpcclient.InferenceServerClient(url=server.grpc_url)
+        if protocol == "grpc":
+            client = grpcclient.InferenceServerClient(url=server.grpc_url)
+            index = lambda: client.get_model_repository_index(as_json=True)["models"]  # noqa: E731
+        else:
+            client = httpclient.InferenceServerClient(url=server.url)
+            index = client.get_model_repository_index
         assert not client.is_model_ready("ocr_cls")
         client.load_model("ocr_cls")
         assert client.is_model_ready("ocr_cls")
-        index = client.get_model_repository_index(as_json=True)["models"]
         assert {"name": "ocr_cls", "version": "1", "state": "READY"} in [
-            {k: m[k] for k in ("name", "version", "state")} for m in index]
+            {k: m[k] for k in ("name", "version", "state")} for m in index()]
         client.unload_model("ocr_cls")
         assert not client.is_model_ready("ocr_cls")
         with pytest.raises(InferenceServerException):
