@@ -23,6 +23,14 @@ impl ModelDir {
     }
 }
 
+/// Whether `name` can name a model folder: one plain path component (not
+/// empty, no `/` or `\\`, not `.` or `..`), so that a name from a request
+/// never reaches outside the repositories.
+pub fn is_model_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    !name.contains(['/', '\\']) && matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(_)), None))
+}
+
 /// Lists the model folders of every repository, by name.
 ///
 /// # Errors
@@ -176,6 +184,16 @@ pub fn is_within(path: &Path, folder: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn model_names_stay_inside_the_repository() {
+        use super::is_model_name;
+        assert!(is_model_name("ocr_cls"));
+        assert!(is_model_name("a.b-c"));
+        for bad in ["", ".", "..", "../x", "a/b", "/tmp/x", "a\\b", "x/.."] {
+            assert!(!is_model_name(bad), "{bad:?}");
+        }
+    }
+
     use super::*;
     use crate::config::proto::model_version_policy::{All, Latest, Specific};
 

@@ -121,6 +121,28 @@ def test_bad_binary_requests_get_a_clear_400(server, what, header, binary, lengt
     assert words in body["error"], (what, body)
 
 
+def test_fp16_output_as_json_is_refused_before_running(server):
+    before = scrape_halves(server)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP16",
+                                   "parameters": {"binary_data_size": 12}},
+                                  {"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}).encode()
+    status, answer = post(server, body + bytes(12), {"Inference-Header-Content-Length": str(len(body))})
+    assert status == 400, answer
+    assert "output 'y' is FP16" in answer["error"], answer
+    assert scrape_halves(server) == before, "the model ran for a request it had to refuse"
+
+
+def scrape_halves(server):
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics").read().decode()
+    return [line for line in text.splitlines() if line.startswith("nv_inference_exec_count{model=\"halves\"")]
+
+
+def test_unknown_content_encoding_says_why(server):
+    status, body = post(server, b"{}", {"Content-Encoding": "br", "Content-Type": "application/json"})
+    assert status == 415, body
+    assert "Content-Encoding" in body["error"], body
+
+
 def test_bad_gzip_is_a_400(server):
     status, body = post(server, b"not gzip", {"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert status == 400, body

@@ -4,6 +4,8 @@ index / load / unload (over HTTP too), checked against onnxruntime in
 Python; plus the standard gRPC health service."""
 
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import numpy as np
@@ -54,6 +56,36 @@ def test_infer_matches_onnxruntime(client):
     (want,) = onnxruntime.InferenceSession(str(CLS)).run([CLS_OUT], {"x": x})
     np.testing.assert_allclose(result.as_numpy(CLS_OUT), want, rtol=0, atol=1e-5)
     assert result.get_response().id == "g-1"
+
+
+def test_compressed_messages(client):
+    x = np.random.default_rng(6).uniform(-1, 1, size=(1, 3, 48, 192)).astype(np.float32)
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    for algorithm in ("gzip", "deflate"):
+        result = client.infer("ocr_cls", [inp], compression_algorithm=algorithm)
+        (want,) = onnxruntime.InferenceSession(str(CLS)).run([CLS_OUT], {"x": x})
+        np.testing.assert_allclose(result.as_numpy(CLS_OUT), want, rtol=0, atol=1e-5)
+
+
+def test_raw_and_typed_contents_together_are_refused(binary_server):  # noqa: F811
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(binary_server.grpc_url))
+    request = service_pb2.ModelInferRequest(model_name="ocr_cls")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 3, 48, 192])
+    tensor.contents.fp32_contents.extend([0.0] * (3 * 48 * 192))
+    request.raw_input_contents.append(np.zeros(3 * 48 * 192, np.float32).tobytes())
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "both typed contents and raw_input_contents" in e.value.details()
+
+    del request.raw_input_contents[:]
+    tensor.contents.int_contents.extend([1])
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request)
+    assert "FP32 data goes in fp32_contents, but int_contents is set" in e.value.details()
 
 
 def test_fp16_and_bytes(client, binary_server):  # noqa: F811
@@ -113,5 +145,17 @@ def test_repository_index_load_and_unload(tmp_path, protocol):
         assert not client.is_model_ready("ocr_cls")
         with pytest.raises(InferenceServerException):
             client.load_model("no_such_model")
+        # A name is one folder of the repository, never a path out of it.
+        (tmp_path.parent / "outside" / "1").mkdir(parents=True, exist_ok=True)
+        (tmp_path.parent / "outside" / "1" / "model.onnx").write_bytes(CLS.read_bytes())
+        for name in ("../outside", str(tmp_path.parent / "outside")):
+            with pytest.raises(InferenceServerException) as e:
+                client.load_model(name)
+            # tritonclient.http sends the slashes unencoded: the path is no route at all.
+            assert "not a model name" in e.value.message() or protocol == "http", e.value.message()
+        encoded = urllib.request.Request(f"http://{server.url}/v2/repository/models/..%2Foutside/load", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(encoded)
+        assert e.value.code == 400 and "not a model name" in e.value.read().decode()
     finally:
         server.stop()

@@ -17,8 +17,11 @@ def run(server_url, protocol, model, *extra):
     cudart = next(VENV.glob("lib/python*/site-packages/nvidia/cuda_runtime/lib"))
     env = dict(os.environ, LD_LIBRARY_PATH=str(cudart))
     result = subprocess.run(
+        # A shared, noisy machine: any spread between windows is accepted,
+        # since the test checks that it runs, not how fast.
         [BINARY, "-m", model, "-u", server_url, "-i", protocol, "--concurrency-range", "1:2",
-         "--measurement-interval", "500", "--max-trials", "20", *extra],
+         "--measurement-mode", "count_windows", "--measurement-request-count", "50",
+         "--stability-percentage", "1000", "--max-trials", "5", *extra],
         capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Concurrency: 2, throughput:" in result.stdout, result.stdout

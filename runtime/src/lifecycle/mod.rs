@@ -192,7 +192,11 @@ impl Lifecycle {
         // A name with no folder leaves no trace: a typo in a load request
         // must not make the server unready.
         let dir = self.find(name).ok_or_else(|| {
-            let reason = format!("no model folder '{name}' in the model repositories");
+            let reason = if repository::is_model_name(name) {
+                format!("no model folder '{name}' in the model repositories")
+            } else {
+                format!("'{name}' is not a model name (one folder name: no '/', not empty, '.' or '..')")
+            };
             tracing::error!(model = %name, "cannot load: {reason}");
             Error::InvalidArgument(format!("failed to load '{name}': {reason}"))
         })?;
@@ -403,6 +407,9 @@ impl Lifecycle {
     }
 
     fn find(&self, name: &str) -> Option<ModelDir> {
+        if !repository::is_model_name(name) {
+            return None;
+        }
         self.repositories
             .iter()
             .map(|r| ModelDir { name: name.to_owned(), path: r.join(name) })

@@ -228,9 +228,13 @@ fn input_tensors(
             if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
                 return Err(bad(format!("shape {:?} has a negative dimension {d}", input.shape)));
             }
+            let contents = input.contents.unwrap_or_default();
             let data = match raw.next() {
+                Some(_) if contents != pb::InferTensorContents::default() => {
+                    return Err(bad("has both typed contents and raw_input_contents; give one".into()));
+                }
                 Some(bytes) => bytes,
-                None => typed_contents(datatype, input.contents.unwrap_or_default()).map_err(bad)?,
+                None => typed_contents(datatype, contents).map_err(bad)?,
             };
             let tensor = Tensor { name: input.name.clone(), datatype, shape: input.shape, data };
             tensor.check_data().map_err(Error::InvalidArgument)?;
@@ -239,8 +243,38 @@ fn input_tensors(
         .collect()
 }
 
-/// Typed `InferTensorContents` as little-endian bytes.
+/// The `InferTensorContents` field that carries `datatype`.
+fn contents_field(datatype: DataType) -> &'static str {
+    match datatype {
+        DataType::Bool => "bool_contents",
+        DataType::Int8 | DataType::Int16 | DataType::Int32 => "int_contents",
+        DataType::Int64 => "int64_contents",
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 => "uint_contents",
+        DataType::Uint64 => "uint64_contents",
+        DataType::Fp32 => "fp32_contents",
+        DataType::Fp64 => "fp64_contents",
+        DataType::Bytes => "bytes_contents",
+        DataType::Fp16 | DataType::Bf16 => "raw_input_contents",
+    }
+}
+
+/// Typed `InferTensorContents` as little-endian bytes; only the field of
+/// the datatype may be set.
 fn typed_contents(datatype: DataType, c: pb::InferTensorContents) -> Result<Vec<u8>, String> {
+    let set = [
+        ("bool_contents", !c.bool_contents.is_empty()),
+        ("int_contents", !c.int_contents.is_empty()),
+        ("int64_contents", !c.int64_contents.is_empty()),
+        ("uint_contents", !c.uint_contents.is_empty()),
+        ("uint64_contents", !c.uint64_contents.is_empty()),
+        ("fp32_contents", !c.fp32_contents.is_empty()),
+        ("fp64_contents", !c.fp64_contents.is_empty()),
+        ("bytes_contents", !c.bytes_contents.is_empty()),
+    ];
+    let want = contents_field(datatype);
+    if let Some((other, _)) = set.iter().find(|(name, is_set)| *is_set && *name != want) {
+        return Err(format!("{datatype} data goes in {want}, but {other} is set"));
+    }
     fn narrow<T: TryFrom<i64>>(
         values: &[i64],
         dt: DataType,

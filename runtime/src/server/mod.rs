@@ -29,6 +29,7 @@ use crate::model::Model;
 use crate::model::Runtimes;
 use crate::plugin::{PluginHost, PluginLimits};
 use crate::registry::Registry;
+use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
@@ -175,8 +176,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         // compressed body cannot unpack past it.
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(RequestDecompressionLayer::new())
+        .layer(middleware::map_response(explain_unsupported_encoding))
         .layer(CompressionLayer::new())
         .with_state(state)
+}
+
+/// The decompression layer refuses an unknown `Content-Encoding` with an
+/// empty 415; every failure says why in `{"error"}`.
+async fn explain_unsupported_encoding(response: Response) -> Response {
+    if response.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
+        && !response.headers().contains_key(axum::http::header::CONTENT_TYPE)
+    {
+        let message = "unsupported Content-Encoding; send the body as is, gzip or deflate";
+        return ApiError::new(axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response();
+    }
+    response
 }
 
 /// Counts inference requests in flight, so shutdown can wait for them, and
@@ -313,13 +327,21 @@ async fn start_grpc(
     let (health, health_service) = tonic_health::server::health_reporter();
     let service = GrpcInferenceServiceServer::new(grpc::Grpc { state: state.clone() })
         .max_decoding_message_size(state.max_body_bytes)
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(usize::MAX)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Deflate);
     tokio::spawn(async move {
         // The health service follows readiness, within 100 ms.
+        let mut reported = None;
         loop {
             let status = if state.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
-            health.set_service_status("", status).await;
-            health.set_service_status("inference.GRPCInferenceService", status).await;
+            if reported != Some(status) {
+                health.set_service_status("", status).await;
+                health.set_service_status("inference.GRPCInferenceService", status).await;
+                reported = Some(status);
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });

@@ -16,12 +16,13 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::binary;
 use super::error::ApiError;
-use super::v2_json::{InferResponse, ModelMetadata, TensorMetadata};
+use super::v2_json::{InferRequest, InferResponse, ModelMetadata, TensorMetadata};
 use crate::error::Error;
 use crate::lifecycle::ControlMode;
 use crate::model::Model;
 use crate::plugin::RawRequest;
 use crate::scheduler::Timing;
+use crate::tensor::DataType;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -40,19 +41,12 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
             .await
             .map_err(|e| ApiError::bad_request(e.body_text()))?;
         let name = params.get("model").cloned().unwrap_or_default();
-        let version = match params.get("version") {
-            None => None,
-            Some(v) => match crate::repository::parse_version(v) {
-                Some(v) => Some(v),
-                None if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') => {
-                    return Err(Error::NotFound(format!("model '{name}' has no version {v}")).into());
-                }
-                None => {
-                    return Err(ApiError::bad_request(format!(
-                        "model version must be a whole number without leading zeros, got '{v}'"
-                    )));
-                }
-            },
+        let version = match params.get("version").map(|v| super::parse_version(v)) {
+            Some(Err(Error::NotFound(_))) => {
+                let v = &params["version"];
+                return Err(Error::NotFound(format!("model '{name}' has no version {v}")).into());
+            }
+            other => other.transpose()?,
         };
         Ok(ModelRef { name, version })
     }
@@ -131,6 +125,7 @@ pub async fn infer(
     let binary::Decoded { request, tensors } = binary::decode(&headers, &body, &m.signature)?;
     let options = request.options()?;
     let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
+    refuse_json_only_binary_outputs(&m, &request, &requested)?;
     let (outputs, timing) = m.infer(tensors, &requested, options).await?;
     let outputs = outputs.into_iter().map(|t| (binary::wants_binary(&request, &t.name), t)).map(|(b, t)| (t, b));
     let response = InferResponse {
@@ -173,6 +168,21 @@ pub async fn predict(
         response.body,
     )
         .into_response())
+}
+
+/// FP16 and BF16 outputs have no JSON form: refused before the model runs
+/// unless asked for as binary data.
+fn refuse_json_only_binary_outputs(m: &Model, request: &InferRequest, requested: &[String]) -> Result<(), Error> {
+    let returned = m.signature.outputs.iter().filter(|o| requested.is_empty() || requested.contains(&o.name));
+    for o in returned {
+        if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && !binary::wants_binary(request, &o.name) {
+            return Err(Error::InvalidArgument(format!(
+                "output '{}' is {}, which has no JSON representation; ask for it with \"binary_data\": true (binary tensor data extension)",
+                o.name, o.datatype
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn timing_entries(t: &Timing) -> Vec<(&'static str, Duration)> {
