@@ -275,29 +275,30 @@ fn typed_contents(datatype: DataType, c: pb::InferTensorContents) -> Result<Vec<
     if let Some((other, _)) = set.iter().find(|(name, is_set)| *is_set && *name != want) {
         return Err(format!("{datatype} data goes in {want}, but {other} is set"));
     }
-    fn narrow<T: TryFrom<i64>>(
-        values: &[i64],
+    /// `values` as the narrower `T`, little-endian, each checked for range.
+    fn narrow<T: TryFrom<i64>, const N: usize>(
+        values: impl Iterator<Item = i64>,
         dt: DataType,
         out: &mut Vec<u8>,
-        le: impl Fn(T) -> Vec<u8>,
+        le: impl Fn(T) -> [u8; N],
     ) -> Result<(), String> {
-        for &v in values {
+        for v in values {
             out.extend(le(T::try_from(v).map_err(|_| format!("{v} is out of range for {dt}"))?));
         }
         Ok(())
     }
     let mut out = Vec::new();
-    let ints: Vec<i64> = c.int_contents.iter().map(|&v| i64::from(v)).collect();
-    let uints: Vec<i64> = c.uint_contents.iter().map(|&v| i64::from(v)).collect();
+    let ints = || c.int_contents.iter().map(|&v| i64::from(v));
+    let uints = || c.uint_contents.iter().map(|&v| i64::from(v));
     match datatype {
         DataType::Bool => out.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
-        DataType::Int8 => narrow::<i8>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
-        DataType::Int16 => narrow::<i16>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
-        DataType::Int32 => narrow::<i32>(&ints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Int8 => narrow(ints(), datatype, &mut out, i8::to_le_bytes)?,
+        DataType::Int16 => narrow(ints(), datatype, &mut out, i16::to_le_bytes)?,
+        DataType::Int32 => narrow(ints(), datatype, &mut out, i32::to_le_bytes)?,
         DataType::Int64 => out.extend(c.int64_contents.iter().flat_map(|v| v.to_le_bytes())),
-        DataType::Uint8 => narrow::<u8>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
-        DataType::Uint16 => narrow::<u16>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
-        DataType::Uint32 => narrow::<u32>(&uints, datatype, &mut out, |v| v.to_le_bytes().to_vec())?,
+        DataType::Uint8 => narrow(uints(), datatype, &mut out, u8::to_le_bytes)?,
+        DataType::Uint16 => narrow(uints(), datatype, &mut out, u16::to_le_bytes)?,
+        DataType::Uint32 => narrow(uints(), datatype, &mut out, u32::to_le_bytes)?,
         DataType::Uint64 => out.extend(c.uint64_contents.iter().flat_map(|v| v.to_le_bytes())),
         DataType::Fp32 => out.extend(c.fp32_contents.iter().flat_map(|v| v.to_le_bytes())),
         DataType::Fp64 => out.extend(c.fp64_contents.iter().flat_map(|v| v.to_le_bytes())),

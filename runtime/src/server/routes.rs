@@ -127,7 +127,10 @@ pub async fn infer(
     let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
     refuse_json_only_binary_outputs(&m, &request, &requested)?;
     let (outputs, timing) = m.infer(tensors, &requested, options).await?;
-    let outputs = outputs.into_iter().map(|t| (binary::wants_binary(&request, &t.name), t)).map(|(b, t)| (t, b));
+    let outputs = outputs.into_iter().map(|t| {
+        let as_binary = binary::wants_binary(&request, &t.name);
+        (t, as_binary)
+    });
     let response = InferResponse {
         model_name: m.name.clone(),
         model_version: m.version.to_string(),
