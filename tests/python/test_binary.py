@@ -123,6 +123,7 @@ def test_bad_binary_requests_get_a_clear_400(server, what, header, binary, lengt
 
 def test_fp16_output_as_json_is_refused_before_running(server):
     before = scrape_halves(server)
+    failed_before = refused_count(server)
     body = json.dumps({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP16",
                                    "parameters": {"binary_data_size": 12}},
                                   {"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}).encode()
@@ -130,6 +131,13 @@ def test_fp16_output_as_json_is_refused_before_running(server):
     assert status == 400, answer
     assert "output 'y' is FP16" in answer["error"], answer
     assert scrape_halves(server) == before, "the model ran for a request it had to refuse"
+    assert refused_count(server) == failed_before + 1, "the refused request is not counted as a failure"
+
+
+def refused_count(server):
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics").read().decode()
+    series = 'nv_inference_request_failure{model="halves",reason="OTHER",version="1"} '
+    return next((float(line[len(series):]) for line in text.splitlines() if line.startswith(series)), 0.0)
 
 
 def scrape_halves(server):

@@ -277,6 +277,14 @@ impl Model {
         c
     }
 
+    /// Counts a request refused before it reached the model (malformed
+    /// tensors or parameters) as a failure with reason OTHER, so that
+    /// successes and failures add up to the requests sent; returns `e`.
+    pub fn refused(&self, e: Error) -> Error {
+        self.metrics.finished(Err("OTHER"), Duration::ZERO);
+        e
+    }
+
     /// The model's inference statistics (Triton's statistics extension).
     pub fn statistics(&self) -> crate::metrics::ModelStatistics {
         self.metrics.statistics()

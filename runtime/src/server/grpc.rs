@@ -97,12 +97,11 @@ impl GrpcInferenceService for Grpc {
         let _counted = self.state.begin_inference()?;
         let r = request.into_inner();
         let m = self.model(&r.model_name, &r.model_version).await?;
-        let options = RequestOptions {
-            priority: uint_parameter(&r.parameters, "priority")?,
-            timeout_us: uint_parameter(&r.parameters, "timeout")?,
-        };
+        let options = uint_parameter(&r.parameters, "priority")
+            .and_then(|priority| Ok(RequestOptions { priority, timeout_us: uint_parameter(&r.parameters, "timeout")? }))
+            .map_err(|e| m.refused(e))?;
         let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
-        let inputs = input_tensors(r.inputs, r.raw_input_contents)?;
+        let inputs = input_tensors(r.inputs, r.raw_input_contents).map_err(|e| m.refused(e))?;
         let (outputs, _) = m.infer(inputs, &requested, options).await?;
         let mut response = pb::ModelInferResponse {
             model_name: m.name.clone(),

@@ -122,10 +122,13 @@ pub async fn infer(
 ) -> ApiResult<Response> {
     let m = model.resolve(&state).await?;
     let body = body.map_err(|e| rejected_body(&state, e))?;
-    let binary::Decoded { request, tensors } = binary::decode(&headers, &body, &m.signature)?;
-    let options = request.options()?;
-    let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
-    refuse_json_only_binary_outputs(&m, &request, &requested)?;
+    let prepared = binary::decode(&headers, &body, &m.signature).and_then(|decoded| {
+        let options = decoded.request.options()?;
+        let requested: Vec<String> = decoded.request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
+        refuse_json_only_binary_outputs(&m, &decoded.request, &requested)?;
+        Ok((decoded, options, requested))
+    });
+    let (binary::Decoded { request, tensors }, options, requested) = prepared.map_err(|e| m.refused(e))?;
     let (outputs, timing) = m.infer(tensors, &requested, options).await?;
     let outputs = outputs.into_iter().map(|t| {
         let as_binary = binary::wants_binary(&request, &t.name);
