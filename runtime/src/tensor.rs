@@ -149,6 +149,20 @@ impl Tensor {
     }
 }
 
+/// The datatype of a tensor in a request, by its v2 name, with its shape
+/// checked: what every request format (JSON, binary, gRPC) checks first.
+///
+/// # Errors
+/// A message for a name the v2 protocol does not define or a negative
+/// dimension.
+pub fn request_datatype(datatype: &str, shape: &[i64]) -> Result<DataType, String> {
+    let dt = DataType::from_name(datatype).ok_or_else(|| format!("unknown datatype '{datatype}'"))?;
+    match shape.iter().find(|&&d| d < 0) {
+        Some(d) => Err(format!("shape {shape:?} has a negative dimension {d}")),
+        None => Ok(dt),
+    }
+}
+
 /// The number of elements of `shape`; `None` when a dimension is negative
 /// or the product overflows.
 pub fn element_count(shape: &[i64]) -> Option<usize> {

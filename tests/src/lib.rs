@@ -41,16 +41,14 @@ pub fn copy_example_model(name: &str, repo: &Path) {
 /// Adds model `faulty` to `repo`: the ocr_cls network behind the test plugin
 /// that traps, loops, over-allocates or sleeps on request (`plugins/faulty`).
 pub fn add_faulty_model(repo: &Path) {
-    let faulty = repo.join("faulty");
-    std::fs::create_dir_all(faulty.join("1")).unwrap();
-    std::fs::copy(example_repository().join("ocr_cls/1/model.onnx"), faulty.join("1/model.onnx")).unwrap();
-    std::fs::copy(built_plugin("faulty.wasm"), faulty.join("faulty.wasm")).unwrap();
-    std::fs::write(
-        faulty.join("config.pbtxt"),
+    add_model(
+        repo,
+        "faulty",
+        &example_repository().join("ocr_cls/1/model.onnx"),
         r#"max_batch_size: 1
 parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
-    )
-    .unwrap();
+    );
+    std::fs::copy(built_plugin("faulty.wasm"), repo.join("faulty/faulty.wasm")).unwrap();
 }
 
 /// Adds model `name` to `repo`: version 1 holds a copy of `model_file`,

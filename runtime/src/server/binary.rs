@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::v2_json::{InferRequest, InferResponse, InputTensor, OutputTensor};
 use crate::config::Signature;
 use crate::error::Error;
-use crate::tensor::{DataType, Tensor, element_count, push_bytes_element};
+use crate::tensor::{DataType, Tensor, element_count, push_bytes_element, request_datatype};
 
 /// The header giving the length of the JSON part of a body.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -116,11 +116,8 @@ fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
 }
 
 fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
-    let datatype = DataType::from_name(&input.datatype)
-        .ok_or_else(|| bad(format!("input '{}': unknown datatype '{}'", input.name, input.datatype)))?;
-    if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
-        return Err(bad(format!("input '{}': shape {:?} has a negative dimension {d}", input.name, input.shape)));
-    }
+    let datatype =
+        request_datatype(&input.datatype, &input.shape).map_err(|m| bad(format!("input '{}': {m}", input.name)))?;
     let tensor = Tensor { name: input.name, datatype, shape: input.shape, data };
     tensor.check_data().map_err(|m| bad(format!("binary data of {m}")))?;
     Ok(tensor)
@@ -175,8 +172,10 @@ fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
     if batching && spec.datatype == DataType::Bytes {
         shape.insert(0, 1);
     }
-    let request = InferRequest { id: None, parameters: Default::default(), inputs: Vec::new(), outputs: None };
-    Ok(Decoded { request, tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }] })
+    Ok(Decoded {
+        request: InferRequest::default(),
+        tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }],
+    })
 }
 
 /// Which outputs go back as binary data: an output's own `binary_data`

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::metrics::{ModelStatistics, Total};
 use crate::model::Model;
 use crate::scheduler::policy::RequestOptions;
-use crate::tensor::{DataType, Tensor, push_bytes_element};
+use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
 
 /// The gRPC face of the server.
 pub struct Grpc {
@@ -222,11 +222,7 @@ fn input_tensors(
         .into_iter()
         .map(|input| {
             let bad = |m: String| Error::InvalidArgument(format!("input '{}': {m}", input.name));
-            let datatype = DataType::from_name(&input.datatype)
-                .ok_or_else(|| bad(format!("unknown datatype '{}'", input.datatype)))?;
-            if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
-                return Err(bad(format!("shape {:?} has a negative dimension {d}", input.shape)));
-            }
+            let datatype = request_datatype(&input.datatype, &input.shape).map_err(bad)?;
             let contents = input.contents.unwrap_or_default();
             let data = match raw.next() {
                 Some(_) if contents != pb::InferTensorContents::default() => {

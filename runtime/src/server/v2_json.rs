@@ -6,10 +6,10 @@ use serde_json::{Map, Value};
 
 use crate::error::Error;
 use crate::scheduler::policy::RequestOptions;
-use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element};
+use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element, request_datatype};
 
 /// `POST /v2/models/{m}/infer` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct InferRequest {
     #[serde(default)]
     pub id: Option<String>,
@@ -124,15 +124,11 @@ impl InputTensor {
     pub fn into_tensor(self) -> Result<Tensor, Error> {
         let name = self.name;
         let bad = |m: String| Error::InvalidArgument(format!("input '{name}': {m}"));
-        let datatype =
-            DataType::from_name(&self.datatype).ok_or_else(|| bad(format!("unknown datatype '{}'", self.datatype)))?;
+        let datatype = request_datatype(&self.datatype, &self.shape).map_err(bad)?;
         if matches!(datatype, DataType::Fp16 | DataType::Bf16) {
             return Err(bad(format!(
                 "{datatype} has no JSON representation; send it with the binary tensor data extension"
             )));
-        }
-        if let Some(d) = self.shape.iter().find(|&&d| d < 0) {
-            return Err(bad(format!("shape {:?} has a negative dimension {d}", self.shape)));
         }
         let expected = element_count(&self.shape)
             .filter(|n| n.checked_mul(datatype.element_size().unwrap_or(4)).is_some())
