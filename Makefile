@@ -4,6 +4,8 @@
 .PHONY: setup serve test bench bench-peers
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
+# torch-sys links the slim libtorch that scripts/setup.sh unzips.
+export LIBTORCH := $(CURDIR)/.cache/libtorch
 HTTP_PORT ?= 8000
 
 setup:

@@ -2,6 +2,11 @@
 //! numbers) and `proto/grpc_service.proto` (the KServe v2 gRPC service) with
 //! protox, a pure-Rust protobuf compiler, so no `protoc` is needed. The
 //! descriptor set is kept for prost-reflect's text-format parser.
+//!
+//! With the `libtorch` feature, also compiles `src/backend/empty_cache.cpp`
+//! against `$LIBTORCH/include` and records `$LIBTORCH/lib` as the binary's
+//! run path, so it starts without `LD_LIBRARY_PATH` (which, where set, still
+//! wins: that is how a machine's full PyTorch, with CUDA, is used instead).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -9,5 +14,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("model_config.bin"), prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().build_client(false).compile_fds(fds)?;
+    #[cfg(feature = "libtorch")]
+    libtorch()?;
+    Ok(())
+}
+
+#[cfg(feature = "libtorch")]
+fn libtorch() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-changed=src/backend/empty_cache.cpp");
+    let root = std::path::PathBuf::from(
+        std::env::var("LIBTORCH")
+            .map_err(|_| "the libtorch feature needs LIBTORCH (scripts/setup.sh makes one in .cache/libtorch)")?,
+    );
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .include(root.join("include"))
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .file("src/backend/empty_cache.cpp")
+        .compile("plinth_empty_cache");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", root.join("lib").display());
     Ok(())
 }

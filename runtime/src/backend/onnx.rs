@@ -94,8 +94,12 @@ pub struct OnnxModel {
 }
 
 impl Backend for OnnxModel {
-    fn platform(&self) -> &'static str {
+    fn platform(&self) -> &str {
         "onnxruntime_onnx"
+    }
+
+    fn backend(&self) -> &'static str {
+        "onnxruntime"
     }
 
     fn inputs(&self) -> &[ModelIo] {

@@ -3,6 +3,7 @@
 //! postprocess). Plugins run per request, outside the scheduler.
 
 mod check;
+mod instances;
 mod warmup;
 
 use std::path::Path;
@@ -10,8 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::backend::onnx::{OnnxRuntime, SessionOptions};
-use crate::config::proto::model_instance_group::Kind;
+use crate::backend::onnx::OnnxRuntime;
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
 use crate::error::Error;
 use crate::metrics::{Metrics, ModelMetrics};
@@ -27,10 +27,34 @@ pub use check::check_inputs;
 pub struct Runtimes {
     /// ONNX Runtime, for `onnxruntime_onnx` models.
     pub onnx: OnnxRuntime,
+    /// libtorch, for `pytorch_libtorch` models.
+    #[cfg(feature = "libtorch")]
+    pub torch: crate::backend::torch::Libtorch,
     /// The wasmtime sandbox, for model plugins.
     pub plugins: PluginHost,
     /// Where each model's inference metrics are registered.
     pub metrics: Arc<Metrics>,
+}
+
+impl Runtimes {
+    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`), libtorch
+    /// when built with the `libtorch` feature, and the plugin sandbox.
+    ///
+    /// # Errors
+    /// A message when ONNX Runtime cannot be loaded or wasmtime cannot start.
+    pub fn start(
+        ort_dylib: Option<&Path>,
+        plugin_limits: crate::plugin::PluginLimits,
+        plugin_cache_dir: Option<std::path::PathBuf>,
+    ) -> Result<Runtimes, String> {
+        Ok(Runtimes {
+            onnx: OnnxRuntime::init(ort_dylib)?,
+            #[cfg(feature = "libtorch")]
+            torch: crate::backend::torch::Libtorch::init(),
+            plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
+            metrics: Arc::new(Metrics::new()),
+        })
+    }
 }
 
 /// A model version that is loaded and can serve.
@@ -64,12 +88,10 @@ pub struct PredictTiming {
     pub postprocess: Duration,
 }
 
-/// The model file used when `default_model_filename` is not set.
-const DEFAULT_MODEL_FILE: &str = "model.onnx";
-
 impl Model {
     /// Loads version `version` of `dir` with `config`: builds the backend
-    /// session, checks the configuration against the model file and starts
+    /// instances (ONNX Runtime sessions, TorchScript modules or connections
+    /// to a remote server), checks the configuration against the model file and starts
     /// the plugin, if the configuration names one.
     ///
     /// # Errors
@@ -77,18 +99,11 @@ impl Model {
     /// invalid model file, a configuration that does not match the model
     /// (naming the tensor and both values), or a plugin that does not load.
     pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
-        check_platform(config)?;
         let policy = Policy::from_config(config)?;
-        let count = instance_count(config)?;
-        let options = session_options(config, count)?;
         let version_dir = dir.version_path(version);
-        let file =
-            if config.default_model_filename.is_empty() { DEFAULT_MODEL_FILE } else { &config.default_model_filename };
-        let instances = (0..count)
-            .map(|_| rt.onnx.load(&version_dir.join(file), options).map(|b| Arc::new(b) as Arc<dyn Backend>))
-            .collect::<Result<Vec<_>, _>>()?;
-        let backend = &instances[0];
         let mut signature = Signature::from_config(config)?;
+        let instances = instances::load(&dir.name, &version_dir, config, &signature, rt)?;
+        let backend = &instances[0];
         check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
             None => None,
@@ -149,7 +164,7 @@ impl Model {
     }
 
     /// The platform name for model metadata (`onnxruntime_onnx`).
-    pub fn platform(&self) -> &'static str {
+    pub fn platform(&self) -> &str {
         self.instances[0].platform()
     }
 
@@ -174,7 +189,7 @@ impl Model {
         let outcome = match &result {
             Ok(_) => Ok(()),
             Err(Error::Overloaded(_)) => Err("REJECTED"),
-            Err(Error::Internal(_)) => Err("BACKEND"),
+            Err(Error::Internal(_) | Error::BadGateway(_) | Error::Unavailable(_)) => Err("BACKEND"),
             Err(_) => Err("OTHER"),
         };
         self.metrics.finished(outcome, started.elapsed());
@@ -254,7 +269,7 @@ impl Model {
         let mut c = self.config.clone();
         c.name.clone_from(&self.name);
         c.platform = self.platform().to_owned();
-        c.backend = "onnxruntime".to_owned();
+        c.backend = self.instances[0].backend().to_owned();
         let data_type = |dt| config::datatype_to_config(dt) as i32;
         if c.input.is_empty() {
             let spec = |s: &crate::tensor::TensorSpec| ModelInput {
@@ -296,83 +311,6 @@ fn plugin_error(e: PluginError) -> Error {
         PluginError::BadInput(m) => Error::InvalidArgument(m),
         PluginError::Failed(m) => Error::Internal(m),
     }
-}
-
-fn check_platform(config: &ModelConfig) -> Result<(), String> {
-    let platform_ok = matches!(config.platform.as_str(), "" | "onnxruntime_onnx");
-    let backend_ok = matches!(config.backend.as_str(), "" | "onnxruntime");
-    if platform_ok && backend_ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "platform '{}' / backend '{}' is not supported; Plinth serves platform 'onnxruntime_onnx' (backend 'onnxruntime')",
-            config.platform, config.backend
-        ))
-    }
-}
-
-/// The number of backend instances `instance_group` asks for (1 without
-/// one). Plinth runs ONNX models on the CPU, so KIND_AUTO and KIND_MODEL
-/// mean the CPU and KIND_GPU is refused rather than silently served on the
-/// CPU.
-fn instance_count(config: &ModelConfig) -> Result<usize, String> {
-    if config.instance_group.is_empty() {
-        return Ok(1);
-    }
-    let mut total = 0;
-    for group in &config.instance_group {
-        let name = if group.name.is_empty() { "(unnamed)" } else { &group.name };
-        if group.kind() == Kind::Gpu {
-            return Err(format!(
-                "instance_group {name} asks for KIND_GPU, but this Plinth runs ONNX models on the CPU only; use KIND_CPU or KIND_AUTO"
-            ));
-        }
-        total += match group.count {
-            0 => 1,
-            n @ 1.. => n as usize,
-            n => return Err(format!("instance_group {name} has count {n}; it must be at least 1")),
-        };
-    }
-    if total > MAX_INSTANCES {
-        return Err(format!("instance_group asks for {total} instances; a model may have at most {MAX_INSTANCES}"));
-    }
-    Ok(total)
-}
-
-/// The most instances one model may have: each is a full ONNX Runtime
-/// session, so a typo in `count` must not exhaust the machine's memory.
-const MAX_INSTANCES: usize = 128;
-
-/// ONNX Runtime's session parameter for busy-waiting intra-op threads.
-const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
-
-/// ONNX Runtime thread settings from the model's `parameters`: the counts
-/// Triton's ONNX Runtime backend reads (`intra_op_thread_count`,
-/// `inter_op_thread_count`) and `session.intra_op.allow_spinning`. Without
-/// `intra_op_thread_count`, the cores are shared among the `instances`, so
-/// that instances running at once do not oversubscribe the CPU. Spinning is
-/// off unless set to "1": threads that busy-wait between runs take the
-/// cores the HTTP handlers, plugins and other models need.
-fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOptions, String> {
-    let count = |key: &str| match config::parameter(config, key) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
-    };
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let spinning = match config::parameter(config, SPINNING_PARAMETER).map(str::trim) {
-        None | Some("0") => false,
-        Some("1") => true,
-        Some(v) => return Err(format!("parameter '{SPINNING_PARAMETER}' must be \"0\" or \"1\", got '{v}'")),
-    };
-    Ok(SessionOptions {
-        intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
-        inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
-        intra_op_spinning: spinning,
-    })
 }
 
 fn load_plugin(

@@ -349,6 +349,8 @@ impl Shared {
     fn error(&self, e: BackendError) -> Error {
         match e {
             BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
+            BackendError::Unavailable(m) => Error::Unavailable(format!("model '{}': {m}", self.model)),
+            BackendError::BadGateway(m) => Error::BadGateway(format!("model '{}': {m}", self.model)),
             BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
         }
     }

@@ -41,6 +41,7 @@ impl From<Error> for ApiError {
             Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let retry_after_secs = matches!(e, Error::Overloaded(_)).then_some(OVERLOAD_RETRY_AFTER_SECS);
@@ -50,7 +51,7 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status == StatusCode::INTERNAL_SERVER_ERROR {
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(status = self.status.as_u16(), "{}", self.message);
         } else {
             tracing::debug!(status = self.status.as_u16(), "{}", self.message);

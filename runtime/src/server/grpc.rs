@@ -30,7 +30,8 @@ impl From<Error> for Status {
         match e {
             Error::InvalidArgument(_) => Status::invalid_argument(message),
             Error::NotFound(_) => Status::not_found(message),
-            Error::Unavailable(_) | Error::Overloaded(_) => Status::unavailable(message),
+            // gRPC's HTTP mapping turns 502 into UNAVAILABLE too.
+            Error::Unavailable(_) | Error::Overloaded(_) | Error::BadGateway(_) => Status::unavailable(message),
             Error::Internal(_) => Status::internal(message),
         }
     }

@@ -5,7 +5,7 @@ mod binary;
 mod error;
 mod grpc;
 mod routes;
-mod v2_json;
+pub(crate) mod v2_json;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,13 +21,11 @@ use axum::routing::{get, post};
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 
-use crate::backend::onnx::OnnxRuntime;
 use crate::error::Error;
 use crate::lifecycle::{ControlMode, Lifecycle, LoadLimits};
-use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::model::Runtimes;
-use crate::plugin::{PluginHost, PluginLimits};
+use crate::plugin::PluginLimits;
 use crate::registry::Registry;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
@@ -234,11 +232,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             return Err(format!("model repository {} is not a folder", repo.display()));
         }
     }
-    let runtimes = Runtimes {
-        onnx: OnnxRuntime::init(opts.ort_dylib_path.as_deref())?,
-        plugins: PluginHost::new(opts.plugin_limits, opts.plugin_cache_dir.clone())?,
-        metrics: Arc::new(Metrics::new()),
-    };
+    let runtimes = Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
     let registry = Arc::new(Registry::default());
     let metrics = runtimes.metrics.clone();
     let lifecycle = Arc::new(Lifecycle::new(

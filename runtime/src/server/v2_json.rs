@@ -44,11 +44,16 @@ pub struct InputTensor {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    #[serde(default)]
+    /// `null` reads as none: the KServe Python server sends it that way.
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub parameters: Map<String, Value>,
     /// Row-major elements, flat or nested as the shape.
     #[serde(default)]
     pub data: Value,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
+    Ok(Option::<Map<String, Value>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// An output the client asks for.

@@ -1,0 +1,231 @@
+//! Which backend serves a model, where its `instance_group` instances run,
+//! and building them: ONNX Runtime sessions, TorchScript modules, or
+//! connections to a remote v2 server.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::Runtimes;
+use crate::backend::onnx::SessionOptions;
+use crate::backend::remote::{RemoteConfig, RemoteModel};
+use crate::backend::{Backend, Placement};
+use crate::config::proto::model_instance_group::Kind;
+use crate::config::{self, ModelConfig, Signature};
+
+/// The framework a configuration's `platform` / `backend` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framework {
+    /// `onnxruntime_onnx` / `onnxruntime` (the default when both are empty).
+    Onnx,
+    /// `pytorch_libtorch` / `pytorch`.
+    Torch,
+    /// `backend: "remote"`: a model of a remote KServe v2 server.
+    Remote,
+}
+
+/// The most instances one model may have: each is a full session or module,
+/// so a typo in `count` must not exhaust the machine's memory.
+const MAX_INSTANCES: usize = 128;
+
+/// ONNX Runtime's session parameter for busy-waiting intra-op threads.
+const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
+
+/// Builds one backend per `instance_group` instance (one without a group)
+/// for the model file in `version_dir` (or the remote the parameters name).
+/// `signature` is the configuration's, before completion from the model.
+///
+/// # Errors
+/// A message for an unsupported platform, a bad `instance_group` or
+/// parameter, KIND_GPU where no GPU serves, or the backend's own load error.
+pub fn load(
+    name: &str,
+    version_dir: &Path,
+    config: &ModelConfig,
+    signature: &Signature,
+    rt: &Runtimes,
+) -> Result<Vec<Arc<dyn Backend>>, String> {
+    let framework = framework(config)?;
+    let placements = placements(config, framework, gpu_count(rt))?;
+    let file = |default: &str| {
+        let file = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
+        version_dir.join(file)
+    };
+    match framework {
+        Framework::Onnx => {
+            let options = session_options(config, placements.len())?;
+            let path = file("model.onnx");
+            placements.iter().map(|_| rt.onnx.load(&path, options)).collect::<Result<_, _>>().map(shared)
+        }
+        Framework::Remote => {
+            RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)
+        }
+        Framework::Torch => load_torch(&file("model.pt"), signature, &placements, rt),
+    }
+}
+
+fn shared<B: Backend + 'static>(backends: Vec<B>) -> Vec<Arc<dyn Backend>> {
+    backends.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect()
+}
+
+#[cfg(feature = "libtorch")]
+fn load_torch(
+    path: &Path,
+    signature: &Signature,
+    placements: &[Placement],
+    rt: &Runtimes,
+) -> Result<Vec<Arc<dyn Backend>>, String> {
+    let batching = signature.max_batch_size > 0;
+    placements
+        .iter()
+        .map(|&p| {
+            let model = rt.torch.load(path, &signature.inputs, &signature.outputs, batching, p)?;
+            Ok(Arc::new(model) as Arc<dyn Backend>)
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "libtorch"))]
+fn load_torch(_: &Path, _: &Signature, _: &[Placement], _: &Runtimes) -> Result<Vec<Arc<dyn Backend>>, String> {
+    Err("platform 'pytorch_libtorch' needs a Plinth built with the cargo feature 'libtorch' \
+         (`make setup` builds it)"
+        .to_owned())
+}
+
+fn gpu_count(rt: &Runtimes) -> usize {
+    #[cfg(feature = "libtorch")]
+    return rt.torch.cuda_devices();
+    #[cfg(not(feature = "libtorch"))]
+    {
+        let _ = rt;
+        0
+    }
+}
+
+fn framework(config: &ModelConfig) -> Result<Framework, String> {
+    match (config.platform.as_str(), config.backend.as_str()) {
+        ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(Framework::Onnx),
+        ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(Framework::Torch),
+        ("", "remote") => Ok(Framework::Remote),
+        (platform, backend) => Err(format!(
+            "platform '{platform}' / backend '{backend}' is not supported; Plinth serves platform \
+             'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch') \
+             and backend 'remote'"
+        )),
+    }
+}
+
+/// Where each instance `instance_group` asks for runs (one CPU instance
+/// without a group). KIND_AUTO and KIND_MODEL mean the CPU except for
+/// TorchScript models on a machine with CUDA, as in Triton; KIND_GPU runs
+/// `count` instances on each of `gpus` (all GPUs when empty), and is
+/// refused rather than silently served on the CPU where no GPU can serve.
+fn placements(config: &ModelConfig, framework: Framework, gpus: usize) -> Result<Vec<Placement>, String> {
+    if config.instance_group.is_empty() {
+        let auto = if framework == Framework::Torch && gpus > 0 { Placement::Gpu(0) } else { Placement::Cpu };
+        return Ok(vec![auto]);
+    }
+    let mut all = Vec::new();
+    for group in &config.instance_group {
+        let name = if group.name.is_empty() { "(unnamed)" } else { &group.name };
+        let count = match group.count {
+            0 => 1,
+            n @ 1.. => n as usize,
+            n => return Err(format!("instance_group {name} has count {n}; it must be at least 1")),
+        };
+        let on_gpu = match group.kind() {
+            Kind::Gpu => true,
+            Kind::Auto => framework == Framework::Torch && gpus > 0,
+            Kind::Cpu | Kind::Model => false,
+        };
+        if !on_gpu {
+            all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
+        } else if framework != Framework::Torch {
+            return Err(format!(
+                "instance_group {name} asks for KIND_GPU, but Plinth runs {framework:?} models on the CPU only; use KIND_CPU or KIND_AUTO"
+            ));
+        } else if gpus == 0 {
+            return Err(format!(
+                "instance_group {name} asks for KIND_GPU, but libtorch sees no CUDA device (a GPU and a PyTorch \
+                 torch/lib with libtorch_cuda.so on LD_LIBRARY_PATH are needed); use KIND_CPU or KIND_AUTO"
+            ));
+        } else {
+            let ids: Vec<usize> = if group.gpus.is_empty() {
+                (0..gpus).collect()
+            } else {
+                group
+                    .gpus
+                    .iter()
+                    .map(|&g| usize::try_from(g).map_err(|_| format!("instance_group {name}: gpus has {g}")))
+                    .collect::<Result<_, _>>()?
+            };
+            for id in ids {
+                all.extend(std::iter::repeat_n(Placement::Gpu(id), count.min(MAX_INSTANCES + 1)));
+            }
+        }
+        if all.len() > MAX_INSTANCES {
+            return Err(format!(
+                "instance_group asks for more than {MAX_INSTANCES} instances, the most a model may have"
+            ));
+        }
+    }
+    Ok(all)
+}
+
+/// ONNX Runtime thread settings from the model's `parameters`: the counts
+/// Triton's ONNX Runtime backend reads (`intra_op_thread_count`,
+/// `inter_op_thread_count`) and `session.intra_op.allow_spinning`. Without
+/// `intra_op_thread_count`, the cores are shared among the `instances`, so
+/// that instances running at once do not oversubscribe the CPU. Spinning is
+/// off unless set to "1": threads that busy-wait between runs take the
+/// cores the HTTP handlers, plugins and other models need.
+fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOptions, String> {
+    let count = |key: &str| match config::parameter(config, key) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spinning = match config::parameter(config, SPINNING_PARAMETER).map(str::trim) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(v) => return Err(format!("parameter '{SPINNING_PARAMETER}' must be \"0\" or \"1\", got '{v}'")),
+    };
+    Ok(SessionOptions {
+        intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
+        inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
+        intra_op_spinning: spinning,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> ModelConfig {
+        config::parse(&format!("name: \"m\" {text}")).unwrap()
+    }
+
+    #[test]
+    fn platforms_name_their_framework() {
+        assert_eq!(framework(&config("")).unwrap(), Framework::Onnx);
+        assert_eq!(framework(&config(r#"platform: "pytorch_libtorch""#)).unwrap(), Framework::Torch);
+        assert_eq!(framework(&config(r#"backend: "remote""#)).unwrap(), Framework::Remote);
+        assert!(framework(&config(r#"platform: "tensorflow_savedmodel""#)).unwrap_err().contains("not supported"));
+    }
+
+    #[test]
+    fn gpu_instances_go_to_torch_models_on_machines_with_cuda() {
+        let gpu = config(r#"instance_group [{ kind: KIND_GPU count: 2 gpus: [1] }]"#);
+        assert_eq!(placements(&gpu, Framework::Torch, 2).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
+        assert!(placements(&gpu, Framework::Torch, 0).unwrap_err().contains("no CUDA device"));
+        assert!(placements(&gpu, Framework::Onnx, 2).unwrap_err().contains("CPU only"));
+        let auto = config(r#"instance_group [{ count: 3 }]"#);
+        assert_eq!(placements(&auto, Framework::Torch, 1).unwrap(), [Placement::Gpu(0); 3]);
+        assert_eq!(placements(&auto, Framework::Onnx, 1).unwrap(), [Placement::Cpu; 3]);
+        let huge = config(r#"instance_group [{ count: 1000000 }]"#);
+        assert!(placements(&huge, Framework::Onnx, 0).unwrap_err().contains("more than 128"));
+    }
+}
