@@ -8,6 +8,7 @@
 #   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
 #                          categories) in a throw-away full-PyTorch venv
 #   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
+#   .cache/bench/kserve/   the KServe Python model server, a real remote for the tests
 #   model_repository/      the PP-OCR models from the rapidocr-onnxruntime wheel,
 #                          the MobileNetV2 copies, and each model's plugin (.wasm)
 #   target/release/plinth  the server, with the libtorch feature
@@ -103,6 +104,14 @@ with zipfile.ZipFile(wheel) as z:
         if not (out / name).exists():
             (out / name).write_bytes(z.read(f"sklearn/datasets/images/{name}"))
 PY
+
+step "KServe Python model server (kserve==0.21.0) in .cache/bench/kserve"
+# A real KServe v2 peer for the remote backend's test; bench/peers uses it too.
+if [[ ! -f .cache/bench/kserve/.done ]]; then
+    python3 -m venv .cache/bench/kserve
+    .cache/bench/kserve/bin/python -m pip install --quiet kserve==0.21.0 onnxruntime==1.31.1
+    touch .cache/bench/kserve/.done
+fi
 
 step "Plugins (plugins/, wasm32-wasip2)"
 (cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target

@@ -1,0 +1,176 @@
+//! The remote backend, end to end: one Plinth process serves ocr_cls, a
+//! second serves it through `backend: "remote"` with the ocr_cls plugin,
+//! beside a local model. Answers match the direct ones; a stopped, hung or
+//! restarted remote gives clear 503s and then service again, while the local
+//! model keeps answering; a configuration that does not fit the remote's
+//! metadata is refused at load; `remote.repository_control` loads and
+//! unloads the remote model.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use plinth_client::{Client, InferInput, InferRequest, RetryPolicy};
+use plinth_tests::{Server, built_plugin, copy_dir, example_repository, fixture};
+use serde_json::{Value, json};
+
+const CLS_OUTPUT: &str = "save_infer_model/scale_0.tmp_1";
+
+/// A repository with only the example ocr_cls, for the remote server.
+fn remote_repository() -> tempfile::TempDir {
+    let repo = tempfile::tempdir().unwrap();
+    copy_dir(&example_repository().join("ocr_cls"), &repo.path().join("ocr_cls"));
+    repo
+}
+
+/// Adds `remote_cls` (ocr_cls at `url`, with its plugin and `extra` config
+/// lines) and a local ocr_cls copy, `local_cls`, to `repo`.
+fn add_front_models(repo: &Path, url: &str, extra: &str) {
+    let dir = repo.join("remote_cls");
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::copy(built_plugin("ocr_cls.wasm"), dir.join("ocr_cls.wasm")).unwrap();
+    let config = format!(
+        r#"backend: "remote"
+        max_batch_size: 8
+        dynamic_batching {{ }}
+        parameters {{ key: "remote.url" value {{ string_value: "{url}" }} }}
+        parameters {{ key: "remote.model" value {{ string_value: "ocr_cls" }} }}
+        parameters {{ key: "remote.timeout_ms" value {{ string_value: "1000" }} }}
+        parameters {{ key: "plugin" value {{ string_value: "ocr_cls.wasm" }} }}
+        {extra}"#
+    );
+    std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    copy_dir(&example_repository().join("ocr_cls"), &repo.join("local_cls"));
+    let local = repo.join("local_cls/config.pbtxt");
+    let text = std::fs::read_to_string(&local).unwrap().replace("name: \"ocr_cls\"", "name: \"local_cls\"");
+    std::fs::write(local, text).unwrap();
+}
+
+fn classify(server: &Server, model: &str, file: &str) -> (u16, Value) {
+    server.post_bytes(&format!("/v2/models/{model}/predict"), "image/png", fixture(file))
+}
+
+fn rows(seed: usize) -> InferRequest {
+    let x: Vec<f32> = (0..2 * 3 * 48 * 192).map(|i| ((i * 31 + seed * 977) % 257) as f32 / 128.0 - 1.0).collect();
+    InferRequest::new(vec![InferInput::fp32("x", &[2, 3, 48, 192], &x)])
+}
+
+fn scores(server: &Server, model: &str) -> Vec<f32> {
+    let client = Client::new(server.base()).with_retry(RetryPolicy::NEVER);
+    let response = client.infer(model, &rows(5)).unwrap_or_else(|e| panic!("{model}: {e}"));
+    response.output(CLS_OUTPUT).unwrap().to_f32().unwrap()
+}
+
+/// Asserts a 503 whose error names the remote, within a bound far above
+/// the 1 s `remote.timeout_ms` (never a hang).
+fn assert_remote_unavailable(front: &Server, remote_url: &str, what: &str) {
+    let started = Instant::now();
+    let (status, body) = classify(front, "remote_cls", "cls_rotated.png");
+    assert_eq!(status, 503, "{what}: {body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains(remote_url) && error.contains("ocr_cls"), "{what}: {error}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{what}: the request hung for {:?}", started.elapsed());
+}
+
+#[test]
+fn a_remote_model_answers_like_the_direct_one_and_survives_its_remote_going_away() {
+    let remote_repo = remote_repository();
+    let remote = Server::start(remote_repo.path(), &[]);
+    let url = remote.base().to_owned();
+    let front_repo = tempfile::tempdir().unwrap();
+    add_front_models(front_repo.path(), &url, "");
+    let front = Server::start(front_repo.path(), &[]);
+
+    for (file, angle) in [("cls_upright.png", 0), ("cls_rotated.png", 180)] {
+        let (status, through) = classify(&front, "remote_cls", file);
+        let (_, direct) = classify(&remote, "ocr_cls", file);
+        assert_eq!((status, &through["angle"]), (200, &json!(angle)), "{file}: {through}");
+        assert_eq!(through, direct, "{file}");
+    }
+    assert_eq!(scores(&front, "remote_cls"), scores(&remote, "ocr_cls"));
+    let (_, meta) = front.get("/v2/models/remote_cls");
+    assert_eq!(meta["platform"], "onnxruntime_onnx", "the remote's metadata: {meta}");
+    let success = "nv_inference_request_success{model=\"remote_cls\",version=\"1\"}";
+    assert_eq!(front.metric(success), 3.0);
+
+    let port = remote.port();
+    drop(remote);
+    assert_remote_unavailable(&front, &url, "remote stopped");
+    assert_eq!(classify(&front, "local_cls", "cls_rotated.png").0, 200, "the local model keeps serving");
+    assert_eq!(front.get("/v2/health/live").0, 200);
+
+    let _remote = Server::start_on(port, remote_repo.path(), &[]);
+    let (status, body) = classify(&front, "remote_cls", "cls_rotated.png");
+    assert_eq!((status, &body["angle"]), (200, &json!(180)), "after the remote restarted: {body}");
+}
+
+#[test]
+fn a_hung_remote_gives_503_after_the_timeout() {
+    let remote_repo = remote_repository();
+    let remote = Server::start(remote_repo.path(), &[]);
+    let front_repo = tempfile::tempdir().unwrap();
+    add_front_models(front_repo.path(), remote.base(), "");
+    let front = Server::start(front_repo.path(), &[]);
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill").args([name, &remote.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let (status, body) = classify(&front, "remote_cls", "cls_upright.png");
+    let took = started.elapsed();
+    signal("-CONT");
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("did not answer within remote.timeout_ms = 1000 ms"), "{body}");
+    assert!(took >= Duration::from_millis(900), "answered after {took:?}, before the timeout");
+    assert_eq!(classify(&front, "remote_cls", "cls_upright.png").0, 200, "served again once the remote resumed");
+}
+
+#[test]
+fn a_remote_that_does_not_fit_the_configuration_or_is_absent_fails_the_load() {
+    let remote_repo = remote_repository();
+    let remote = Server::start(remote_repo.path(), &[]);
+    let repo = tempfile::tempdir().unwrap();
+    add_front_models(
+        repo.path(),
+        remote.base(),
+        r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 48, 100 ] } ]"#,
+    );
+    let front = Server::start(repo.path(), &["--model-control-mode", "explicit"]);
+    let (status, body) = front.post_json("/v2/repository/models/remote_cls/load", &json!({}));
+    assert_eq!(status, 400, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("input 'x'") && error.contains("100") && error.contains("192"), "{error}");
+
+    let absent = tempfile::tempdir().unwrap();
+    add_front_models(absent.path(), "http://127.0.0.1:9", "");
+    let front = Server::start(absent.path(), &["--model-control-mode", "explicit"]);
+    let (status, body) = front.post_json("/v2/repository/models/remote_cls/load", &json!({}));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("http://127.0.0.1:9 cannot be reached"), "{body}");
+}
+
+#[test]
+fn repository_control_loads_and_unloads_the_remote_model() {
+    let remote_repo = remote_repository();
+    let remote = Server::start(remote_repo.path(), &["--model-control-mode", "explicit"]);
+    let state = |server: &Server| {
+        let (_, index) = server.post_json("/v2/repository/index", &json!({}));
+        index.as_array().unwrap().iter().find(|r| r["name"] == "ocr_cls").map(|r| r["state"].clone())
+    };
+    assert_ne!(state(&remote), Some(json!("READY")));
+    let repo = tempfile::tempdir().unwrap();
+    let control = r#"parameters { key: "remote.repository_control" value { string_value: "1" } }"#;
+    add_front_models(repo.path(), remote.base(), control);
+    let front = Server::start(repo.path(), &["--model-control-mode", "explicit"]);
+    let (status, body) = front.post_json("/v2/repository/models/remote_cls/load", &json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(state(&remote), Some(json!("READY")));
+    assert_eq!(classify(&front, "remote_cls", "cls_rotated.png").1["angle"], 180);
+    let (status, body) = front.post_json("/v2/repository/models/remote_cls/unload", &json!({}));
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state(&remote) == Some(json!("READY")) {
+        assert!(Instant::now() < deadline, "the remote model is still READY after the unload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
