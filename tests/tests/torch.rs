@@ -113,7 +113,11 @@ fn a_configuration_that_does_not_fit_the_torchscript_file_is_refused_at_load() {
             config("flat", "").replace("dims: [ 3, 224, 224 ]", "dims: [ 3, 224 ]"),
             "fails on zeros of the inputs",
         ),
-        ("unnamed", config("unnamed", "").replace("INPUT__0", "image"), "named <name>__<index>"),
+        (
+            "unnamed",
+            config("unnamed", "").replace("INPUT__0", "image"),
+            "or after the forward method's arguments, which are [\"x\"]",
+        ),
         ("bare", "name: \"bare\" platform: \"pytorch_libtorch\"".to_owned(), "declare every input and output"),
     ];
     for (name, text, _) in &cases {
@@ -127,10 +131,16 @@ fn a_configuration_that_does_not_fit_the_torchscript_file_is_refused_at_load() {
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(expected), "{name}: {error}");
     }
-    let (status, body) = server.post_json("/v2/repository/models/good/load", &json!({}));
-    assert_eq!(status, 200, "{body}");
+    // Named after the forward argument instead of INPUT__0: the same model.
+    add_model(repo.path(), "by_argument", &torchscript(), &config("by_argument", "").replace("INPUT__0", "x"));
     let client = Client::new(server.base()).with_retry(RetryPolicy::NEVER);
-    assert_eq!(logits(&client, "good", &request(2, 1)).len(), 1000);
+    for name in ["good", "by_argument"] {
+        let (status, body) = server.post_json(&format!("/v2/repository/models/{name}/load"), &json!({}));
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    let input = images(2, 1);
+    let by_argument = InferRequest::new(vec![InferInput::fp32("x", &[1, 3, 224, 224], &input)]);
+    assert_eq!(logits(&client, "good", &request(2, 1)), logits(&client, "by_argument", &by_argument));
 }
 
 #[test]

@@ -13,6 +13,11 @@ use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, T
 use super::{Backend, BackendError, ModelIo};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
+/// How to get the ONNX Runtime library, for error messages.
+pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. \
+    .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 \
+    (`make setup` installs it)";
+
 /// The loaded ONNX Runtime library; creates sessions.
 pub struct OnnxRuntime {
     env: Environment,
@@ -33,16 +38,12 @@ pub struct SessionOptions {
 }
 
 impl OnnxRuntime {
-    /// Loads the ONNX Runtime shared library.
+    /// Loads the ONNX Runtime shared library at `path` (`ORT_DYLIB_PATH`).
     ///
     /// # Errors
-    /// A message naming `ORT_DYLIB_PATH` when no library is given, the file
-    /// does not exist, cannot be loaded, or is older than 1.31.
-    pub fn init(dylib: Option<&Path>) -> Result<OnnxRuntime, String> {
-        const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. \
-            .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 \
-            (`make setup` installs it)";
-        let path = dylib.ok_or_else(|| format!("no ONNX Runtime library given: {HINT}"))?;
+    /// A message naming `ORT_DYLIB_PATH` when the file does not exist,
+    /// cannot be loaded, or is older than 1.31.
+    pub fn init(path: &Path) -> Result<OnnxRuntime, String> {
         if !path.is_file() {
             return Err(format!("ONNX Runtime library {} does not exist: {HINT}", path.display()));
         }

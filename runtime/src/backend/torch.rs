@@ -5,7 +5,8 @@
 //! A TorchScript file records neither element types nor shapes, so the
 //! configuration declares every input and output. Names follow Triton's
 //! libtorch convention: `<name>__<index>` is the forward argument (input) or
-//! the element of the returned tuple (output) at `index`.
+//! the element of the returned tuple (output) at `index`; an input may also
+//! be named after its forward argument.
 
 use std::ffi::CStr;
 use std::mem::ManuallyDrop;
@@ -56,8 +57,8 @@ impl Libtorch {
     ///
     /// # Errors
     /// A message when the file is missing or not TorchScript, the GPU does
-    /// not exist, a tensor name does not follow the `<name>__<index>`
-    /// convention, or the trial run fails or disagrees with the configuration
+    /// not exist, an input is neither `<name>__<index>` nor a forward
+    /// argument, an output is not `<name>__<index>`, or the trial run fails or disagrees with the configuration
     /// (naming the tensor and both values).
     pub fn load(
         &self,
@@ -85,9 +86,9 @@ impl Libtorch {
         let mut module = CModule::load_on_device(path, device)
             .map_err(|e| format!("libtorch cannot load {} as TorchScript: {e}", path.display()))?;
         module.set_eval();
-        let (input_io, input_positions) = signature(inputs, batching)?;
+        let (input_io, input_positions) = signature(inputs, batching, Some(&mut || forward_arguments(path)))?;
         check_positions(&input_io, &input_positions)?;
-        let (output_io, output_indices) = signature(outputs, batching)?;
+        let (output_io, output_indices) = signature(outputs, batching, None)?;
         let model = TorchModel {
             module: ManuallyDrop::new(module),
             device,
@@ -243,24 +244,100 @@ impl Drop for TorchModel {
     }
 }
 
-/// The served description of each configured tensor, and its position from
-/// the `<name>__<index>` convention.
-fn signature(specs: &[TensorSpec], batching: bool) -> Result<(Vec<ModelIo>, Vec<usize>), String> {
-    let pairs = specs
-        .iter()
-        .map(|s| Ok((ModelIo::from_spec(s, batching), position(&s.name)?)))
-        .collect::<Result<Vec<_>, String>>()?;
+/// The served description of each configured tensor, and its position:
+/// the index of a `<name>__<index>` name (Triton's libtorch convention), or
+/// else, for inputs, the name's place among the forward method's
+/// `arguments` (read from the file only when some name needs them).
+fn signature(
+    specs: &[TensorSpec],
+    batching: bool,
+    mut arguments: Option<&mut dyn FnMut() -> Result<Vec<String>, String>>,
+) -> Result<(Vec<ModelIo>, Vec<usize>), String> {
+    let mut read: Option<Vec<String>> = None;
+    let mut pairs = Vec::with_capacity(specs.len());
+    for s in specs {
+        let indexed = s.name.rsplit_once("__").and_then(|(_, i)| i.parse::<usize>().ok());
+        let position = match (indexed, arguments.as_mut()) {
+            (Some(i), _) => i,
+            (None, None) => {
+                return Err(format!(
+                    "output '{}': TorchScript outputs are named <name>__<index> (e.g. OUTPUT__0), \
+                     the index being the element of the returned tuple",
+                    s.name
+                ));
+            }
+            (None, Some(read_arguments)) => {
+                if read.is_none() {
+                    read = Some(read_arguments()?);
+                }
+                let names = read.as_deref().unwrap_or_default();
+                names.iter().position(|a| *a == s.name).ok_or_else(|| {
+                    format!(
+                        "input '{}': TorchScript inputs are named <name>__<index> (e.g. INPUT__0) or after \
+                         the forward method's arguments, which are {names:?}",
+                        s.name
+                    )
+                })?
+            }
+        };
+        pairs.push((ModelIo::from_spec(s, batching), position));
+    }
     Ok(pairs.into_iter().unzip())
 }
 
-/// The index in `<name>__<index>` (Triton's libtorch naming convention).
-fn position(name: &str) -> Result<usize, String> {
-    name.rsplit_once("__").and_then(|(_, i)| i.parse().ok()).ok_or_else(|| {
-        format!(
-            "tensor '{name}': TorchScript tensors are named <name>__<index> (e.g. INPUT__0, OUTPUT__1), \
-             the index being the forward argument or the returned tuple element"
-        )
-    })
+/// The forward method's argument names, `self` left out. A TorchScript file
+/// is a zip archive whose `data.pkl` begins by naming the module's class
+/// (pickle protocol 2: `PROTO 2`, then `GLOBAL "module\nclass\n"`); that
+/// class's source under `code/` declares `def forward(self: Class, x: T, ...)`.
+fn forward_arguments(path: &Path) -> Result<Vec<String>, String> {
+    let unreadable =
+        |e: &dyn std::fmt::Display| format!("cannot read the forward arguments of {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| unreadable(&e))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| unreadable(&e))?;
+    let pickle = archive
+        .file_names()
+        .find(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1)
+        .ok_or_else(|| unreadable(&"no data.pkl"))?
+        .to_owned();
+    let root = pickle.trim_end_matches("data.pkl").to_owned();
+    let head = read_entry(&mut archive, &pickle, 512).map_err(|e| unreadable(&e))?;
+    let class = head.strip_prefix(b"\x80\x02c").ok_or_else(|| unreadable(&"data.pkl does not start with a class"))?;
+    let mut lines = class.split(|&b| b == b'\n').map(String::from_utf8_lossy);
+    let (module, class) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+    let code_path = format!("{root}code/{}.py", module.replace('.', "/"));
+    let code = read_entry(&mut archive, &code_path, u64::MAX).map_err(|e| unreadable(&e))?;
+    let code = String::from_utf8_lossy(&code);
+    let marker = format!("def forward(self: {module}.{class}");
+    let after =
+        code.find(&marker).map(|i| &code[i + marker.len()..]).ok_or_else(|| unreadable(&"no forward method"))?;
+    let declared = &after[..after.find(") ->").ok_or_else(|| unreadable(&"unexpected forward signature"))?];
+    // Split at commas outside brackets: `Tuple[Tensor, Tensor]` is one type.
+    let (mut names, mut depth, mut current) = (Vec::new(), 0i32, String::new());
+    for c in declared.chars().chain([',']) {
+        match c {
+            '[' | '(' => depth += 1,
+            ']' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                if let Some((name, _)) = current.split_once(':') {
+                    names.push(name.trim().to_owned());
+                }
+                current.clear();
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    Ok(names)
+}
+
+/// Up to `limit` bytes of the archive entry `name`.
+fn read_entry(archive: &mut zip::ZipArchive<std::fs::File>, name: &str, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let entry = archive.by_name(name).map_err(|e| format!("{name}: {e}"))?;
+    let mut bytes = Vec::new();
+    entry.take(limit).read_to_end(&mut bytes).map_err(|e| format!("{name}: {e}"))?;
+    Ok(bytes)
 }
 
 /// Inputs must name each forward argument 0..n exactly once.

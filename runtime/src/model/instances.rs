@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::Runtimes;
-use crate::backend::onnx::SessionOptions;
+use crate::backend::onnx::{self, SessionOptions};
 use crate::backend::remote::{RemoteConfig, RemoteModel};
 use crate::backend::{Backend, Placement};
 use crate::config::proto::model_instance_group::Kind;
@@ -52,9 +52,10 @@ pub fn load(
     };
     match framework {
         Framework::Onnx => {
+            let onnx = rt.onnx.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {}", onnx::HINT))?;
             let options = session_options(config, placements.len())?;
             let path = file("model.onnx");
-            placements.iter().map(|_| rt.onnx.load(&path, options)).collect::<Result<_, _>>().map(shared)
+            placements.iter().map(|_| onnx.load(&path, options)).collect::<Result<_, _>>().map(shared)
         }
         Framework::Remote => {
             RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)

@@ -25,8 +25,9 @@ pub use check::check_inputs;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.
 pub struct Runtimes {
-    /// ONNX Runtime, for `onnxruntime_onnx` models.
-    pub onnx: OnnxRuntime,
+    /// ONNX Runtime, for `onnxruntime_onnx` models; `None` when no
+    /// `ORT_DYLIB_PATH` was given (TorchScript and remote models still load).
+    pub onnx: Option<OnnxRuntime>,
     /// libtorch, for `pytorch_libtorch` models.
     #[cfg(feature = "libtorch")]
     pub torch: crate::backend::torch::Libtorch,
@@ -37,18 +38,26 @@ pub struct Runtimes {
 }
 
 impl Runtimes {
-    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`), libtorch
-    /// when built with the `libtorch` feature, and the plugin sandbox.
+    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`) when given,
+    /// libtorch when built with the `libtorch` feature, and the plugin
+    /// sandbox.
     ///
     /// # Errors
-    /// A message when ONNX Runtime cannot be loaded or wasmtime cannot start.
+    /// A message when the given ONNX Runtime library cannot be loaded or
+    /// wasmtime cannot start.
     pub fn start(
         ort_dylib: Option<&Path>,
         plugin_limits: crate::plugin::PluginLimits,
         plugin_cache_dir: Option<std::path::PathBuf>,
     ) -> Result<Runtimes, String> {
         Ok(Runtimes {
-            onnx: OnnxRuntime::init(ort_dylib)?,
+            onnx: match ort_dylib {
+                Some(path) => Some(OnnxRuntime::init(path)?),
+                None => {
+                    tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
+                    None
+                }
+            },
             #[cfg(feature = "libtorch")]
             torch: crate::backend::torch::Libtorch::init(),
             plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
