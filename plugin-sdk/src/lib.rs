@@ -18,8 +18,15 @@
 //! export_plugin!(Echo);
 //! ```
 //!
-//! The plugin contract is `plinth:plugin@0.1.0` (`wit/v0.1/plugin.wit`); this
+//! A plugin may also run other models of the repository while it works:
+//! [`infer`] sends tensors through another model (or its own, e.g. once per
+//! chunk of a long input), [`predict`] sends a raw request through another
+//! model's plugin and model. Both go through the server's scheduler like a
+//! client's request, and their failures come back as [`Error`] values.
+//!
+//! The plugin contract is `plinth:plugin@0.2.0` (`wit/v0.2/plugin.wit`); this
 //! crate hides the binding generator so a plugin depends on this crate alone.
+//! Hosts that run 0.2 also run plugins built against 0.1.
 
 #![warn(missing_docs)]
 
@@ -30,7 +37,7 @@ extern crate self as plinth_plugin_sdk;
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.1",
+        path: "../wit/v0.2",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin_world",
@@ -45,6 +52,31 @@ mod tensor;
 
 pub use bindings::plinth::plugin::types::{Datatype, Error, ModelInfo, Request, Response, Tensor, TensorSpec};
 pub use tensor::Element;
+
+/// Runs version `version` of `model` (the server's choice when `None`) on
+/// `inputs` (full shapes, batch dimension included when that model batches)
+/// and returns the `outputs` named, or all of them when `outputs` is empty.
+/// The model's plugin, if any, does not run.
+///
+/// # Errors
+/// The callee's failure as a value: [`Error::BadInput`] when it refuses the
+/// tensors (unknown input, wrong datatype or shape), [`Error::Internal`]
+/// when it is unknown, not ready, overloaded or fails.
+pub fn infer(model: &str, version: Option<u64>, inputs: &[Tensor], outputs: &[&str]) -> Result<Vec<Tensor>, Error> {
+    let outputs: Vec<String> = outputs.iter().map(|&o| o.to_owned()).collect();
+    bindings::plinth::plugin::inference::infer(model, version, inputs, &outputs)
+}
+
+/// Sends `req` through `model`'s plugin and model, as a client's `/predict`
+/// would, and returns the answer.
+///
+/// # Errors
+/// As [`infer`]; also [`Error::Internal`] when the call would come back to a
+/// model whose plugin already runs for this request (a cycle) or pass
+/// through more plugins than the host allows.
+pub fn predict(model: &str, version: Option<u64>, req: &Request) -> Result<Response, Error> {
+    bindings::plinth::plugin::inference::predict(model, version, req)
+}
 
 /// What a plugin implements. One value of the implementing type lives in each
 /// plugin instance; the host keeps warm instances and calls them one request

@@ -4,9 +4,13 @@
 //! after 400 ms, `bad` returns a bad-input error, `sandbox` reports what the
 //! plugin can reach (as the message of a bad-input error, JSON); anything
 //! else yields a zero-filled input tensor (variable dimensions set to 1) and
-//! the default JSON postprocess.
+//! the default JSON postprocess, except for the composition behaviours of
+//! `postprocess`: `call:MODEL/REST` answers with MODEL's answer to a
+//! `/predict` whose body is REST (so `call:a/call:b/ok` nests), and
+//! `self-infer` runs its own model once more through the host and answers
+//! with those outputs.
 
-use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Tensor, export_plugin};
+use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
 struct Faulty {
     info: ModelInfo,
@@ -36,6 +40,21 @@ impl Plugin for Faulty {
             b"sandbox" => Err(Error::bad_input(sandbox_report().to_string())),
             _ => Ok(vec![self.zero_input()?]),
         }
+    }
+
+    fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
+        let body = String::from_utf8_lossy(&req.body);
+        let outputs = if let Some(call) = body.strip_prefix("call:") {
+            let (model, rest) = call.split_once('/').unwrap_or((call, "ok"));
+            let inner = Request { content_type: req.content_type.clone(), body: rest.into(), parameters: Vec::new() };
+            return plinth_plugin_sdk::predict(model, None, &inner);
+        } else if body == "self-infer" {
+            plinth_plugin_sdk::infer(&self.info.name, None, &[self.zero_input()?], &[])?
+        } else {
+            outputs
+        };
+        let outputs: Result<Vec<_>, Error> = outputs.iter().map(Tensor::to_json).collect();
+        Ok(Response::json(&serde_json::json!({ "outputs": outputs? })))
     }
 }
 

@@ -58,8 +58,9 @@ impl Libtorch {
     /// # Errors
     /// A message when the file is missing or not TorchScript, the GPU does
     /// not exist, an input is neither `<name>__<index>` nor a forward
-    /// argument, an output is not `<name>__<index>`, or the trial run fails or disagrees with the configuration
-    /// (naming the tensor and both values).
+    /// argument, an output is not `<name>__<index>`, or the trial run fails
+    /// or disagrees with the configuration (naming the tensor and both
+    /// values).
     pub fn load(
         &self,
         path: &Path,

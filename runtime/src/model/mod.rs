@@ -240,6 +240,20 @@ impl Model {
     /// refuses the request; [`Error::Internal`] when the plugin fails, traps,
     /// exceeds its limits or produces tensors that do not fit the model.
     pub async fn predict(&self, req: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
+        self.predict_within(req, &[]).await
+    }
+
+    /// [`Model::predict`] for a plugin's composed call: `chain` names the
+    /// models whose plugin already runs for the request, outermost first.
+    ///
+    /// # Errors
+    /// As [`Model::predict`].
+    pub async fn predict_within(
+        &self,
+        req: RawRequest,
+        chain: &[String],
+    ) -> Result<(RawResponse, PredictTiming), Error> {
+        let chain: Vec<String> = chain.iter().cloned().chain([self.name.clone()]).collect();
         let plugin = self.plugin.as_ref().ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{PLUGIN_PARAMETER}')",
@@ -250,7 +264,7 @@ impl Model {
         let req = Arc::new(req);
         let mut timing = PredictTiming::default();
         let started = Instant::now();
-        let inputs = plugin.preprocess(req.clone()).await;
+        let inputs = plugin.preprocess(req.clone(), chain.clone()).await;
         timing.preprocess = started.elapsed();
         self.metrics.plugin("preprocess", timing.preprocess, !matches!(inputs, Err(PluginError::Failed(_))));
         let (outputs, inference) = match self.infer(inputs.map_err(plugin_error)?, &[], RequestOptions::default()).await
@@ -264,7 +278,7 @@ impl Model {
         };
         timing.inference = inference;
         let started = Instant::now();
-        let response = plugin.postprocess(req, outputs).await;
+        let response = plugin.postprocess(req, outputs, chain).await;
         timing.postprocess = started.elapsed();
         self.metrics.plugin("postprocess", timing.postprocess, !matches!(response, Err(PluginError::Failed(_))));
         Ok((response.map_err(plugin_error)?, timing))

@@ -1,6 +1,6 @@
 //! Conversions between the host's types and the WIT-generated ones.
 
-use super::bindings::plinth::plugin::types as wit;
+use super::wit;
 use super::{ModelInfo, RawRequest};
 use crate::tensor::{DataType, Tensor, TensorSpec};
 

@@ -1,5 +1,9 @@
-//! The WebAssembly sandbox for model plugins (`plinth:plugin@0.1.0`, WASI
-//! 0.2 components run by wasmtime).
+//! The WebAssembly sandbox for model plugins (WASI 0.2 components run by
+//! wasmtime). Every released contract version stays supported: a component
+//! exporting `plinth:plugin/handler@0.1.0` gets the 0.1 bindings, one
+//! exporting `@0.2.0` the 0.2 bindings with the `inference` import (see
+//! [`compose`]). The version is read from the component's export names,
+//! which the SDK's generated bindings fix at build time.
 //!
 //! Each plugin is compiled once (the compiled artefact is cached on disk),
 //! and each model keeps a pool of warm instances. An instance sees its model
@@ -9,6 +13,7 @@
 //! dropped and the next call gets a fresh one.
 
 mod cache;
+pub mod compose;
 mod convert;
 
 use std::path::{Path, PathBuf};
@@ -16,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
@@ -24,10 +29,24 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use crate::tensor::Tensor;
 
 mod bindings {
-    wasmtime::component::bindgen!({ path: "../wit/v0.1", world: "plugin" });
+    pub mod v0_1 {
+        wasmtime::component::bindgen!({ path: "../wit/v0.1", world: "plugin" });
+    }
+    pub mod v0_2 {
+        // The types are unchanged since 0.1, so both versions share them.
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.2",
+            world: "plugin",
+            with: { "plinth:plugin/types@0.2.0": super::v0_1::plinth::plugin::types },
+        });
+    }
 }
 
-use bindings::plinth::plugin::types as wit;
+use bindings::v0_1::plinth::plugin::types as wit;
+use compose::{Composition, Models};
+
+/// The contract versions this host runs, oldest first.
+pub const WIT_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
 
 /// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -114,6 +133,7 @@ pub struct PluginHost {
     limits: PluginLimits,
     cache_dir: Option<PathBuf>,
     permits: Arc<Semaphore>,
+    models: Models,
 }
 
 impl PluginHost {
@@ -129,6 +149,8 @@ impl PluginHost {
         let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
+        bindings::v0_2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| format!("cannot link plinth:plugin/inference: {e}"))?;
         let ticker = engine.clone();
         std::thread::Builder::new()
             .name("plinth-epoch".into())
@@ -140,7 +162,13 @@ impl PluginHost {
             })
             .map_err(|e| format!("cannot start the plugin deadline thread: {e}"))?;
         let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
-        Ok(PluginHost { engine, linker, limits, cache_dir, permits })
+        Ok(PluginHost { engine, linker, limits, cache_dir, permits, models: Models::default() })
+    }
+
+    /// Where plugins' composed calls find models (connected once the
+    /// server's lifecycle exists).
+    pub fn models(&self) -> &Models {
+        &self.models
     }
 
     /// Loads the plugin at `wasm` for a model version whose folder is
@@ -148,21 +176,28 @@ impl PluginHost {
     /// broken plugin fails the load rather than the first request.
     ///
     /// # Errors
-    /// A message naming the plugin when it cannot be read or compiled, does
-    /// not implement `plinth:plugin/handler@0.1.0`, or its `init` fails.
+    /// A message naming the plugin when it cannot be read or compiled,
+    /// implements none of the supported `plinth:plugin/handler` versions, or
+    /// its `init` fails.
     pub fn load(&self, wasm: &Path, model_dir: &Path, info: ModelInfo) -> Result<Plugin, String> {
         let file = wasm.file_name().map_or_else(|| wasm.display().to_string(), |f| f.to_string_lossy().into_owned());
         let label = format!("plugin '{file}' of model '{}'", info.name);
         let component = self.compile(wasm).map_err(|e| format!("{label}: {e}"))?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(bindings::PluginPre::new)
-            .map_err(|e| format!("{label} is not a plinth:plugin@0.1.0 component: {e}"))?;
+        let version = wit_version(&self.engine, &component).ok_or_else(|| {
+            format!("{label} exports no plinth:plugin/handler interface of a version this host runs ({WIT_VERSIONS:?})")
+        })?;
+        let not_a_plugin = |e: wasmtime::Error| format!("{label} is not a plinth:plugin@{version} component: {e}");
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(not_a_plugin)?;
+        let pre = match version {
+            "0.1.0" => Pre::V0_1(bindings::v0_1::PluginPre::new(instance_pre).map_err(not_a_plugin)?),
+            _ => Pre::V0_2(bindings::v0_2::PluginPre::new(instance_pre).map_err(not_a_plugin)?),
+        };
+        tracing::debug!(plugin = %label, version, "plugin contract");
         let plugin = Plugin {
             label,
             engine: self.engine.clone(),
             pre,
+            models: self.models.clone(),
             info: convert::model_info(&info),
             model_dir: model_dir.to_path_buf(),
             limits: self.limits,
@@ -185,11 +220,84 @@ impl PluginHost {
     }
 }
 
+/// The newest contract version whose handler `component` exports.
+pub fn wit_version(engine: &Engine, component: &Component) -> Option<&'static str> {
+    let exports: Vec<String> = component.component_type().exports(engine).map(|(name, _)| name.to_owned()).collect();
+    WIT_VERSIONS.into_iter().rev().find(|v| exports.iter().any(|e| *e == format!("plinth:plugin/handler@{v}")))
+}
+
+/// Bindings ready to instantiate, for the component's contract version.
+enum Pre {
+    V0_1(bindings::v0_1::PluginPre<InstanceState>),
+    V0_2(bindings::v0_2::PluginPre<InstanceState>),
+}
+
+/// An instance's exports, for its contract version.
+enum Bindings {
+    V0_1(bindings::v0_1::Plugin),
+    V0_2(bindings::v0_2::Plugin),
+}
+
+impl Bindings {
+    fn init(
+        &self,
+        store: &mut Store<InstanceState>,
+        info: &wit::ModelInfo,
+    ) -> wasmtime::Result<Result<(), wit::Error>> {
+        match self {
+            Bindings::V0_1(b) => b.plinth_plugin_handler().call_init(store, info),
+            Bindings::V0_2(b) => b.plinth_plugin_handler().call_init(store, info),
+        }
+    }
+
+    fn preprocess(
+        &self,
+        store: &mut Store<InstanceState>,
+        req: &wit::Request,
+    ) -> wasmtime::Result<Result<Vec<wit::Tensor>, wit::Error>> {
+        match self {
+            Bindings::V0_1(b) => b.plinth_plugin_handler().call_preprocess(store, req),
+            Bindings::V0_2(b) => b.plinth_plugin_handler().call_preprocess(store, req),
+        }
+    }
+
+    fn postprocess(
+        &self,
+        store: &mut Store<InstanceState>,
+        req: &wit::Request,
+        outputs: &[wit::Tensor],
+    ) -> wasmtime::Result<Result<wit::Response, wit::Error>> {
+        match self {
+            Bindings::V0_1(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
+            Bindings::V0_2(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
+        }
+    }
+}
+
 /// The state of one plugin instance's store.
 struct InstanceState {
     wasi: WasiCtx,
     table: ResourceTable,
     limits: StoreLimits,
+    composition: Composition,
+}
+
+impl wit::Host for InstanceState {}
+
+impl bindings::v0_2::plinth::plugin::inference::Host for InstanceState {
+    fn infer(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<wit::Tensor>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<wit::Tensor>, wit::Error> {
+        self.composition.infer(&model, version, inputs, outputs)
+    }
+
+    fn predict(&mut self, model: String, version: Option<u64>, req: wit::Request) -> Result<wit::Response, wit::Error> {
+        self.composition.predict(&model, version, req)
+    }
 }
 
 impl WasiView for InstanceState {
@@ -201,7 +309,7 @@ impl WasiView for InstanceState {
 /// A started plugin instance, ready for calls.
 struct Instance {
     store: Store<InstanceState>,
-    bindings: bindings::Plugin,
+    bindings: Bindings,
     stderr: MemoryOutputPipe,
 }
 
@@ -210,7 +318,8 @@ pub struct Plugin {
     /// "plugin 'x.wasm' of model 'm'", the prefix of every error.
     label: String,
     engine: Engine,
-    pre: bindings::PluginPre<InstanceState>,
+    pre: Pre,
+    models: Models,
     info: wit::ModelInfo,
     model_dir: PathBuf,
     limits: PluginLimits,
@@ -220,18 +329,21 @@ pub struct Plugin {
 
 impl Plugin {
     /// Runs `preprocess`: a raw request in, the model's input tensors out.
+    /// `chain` names the models whose plugin runs for this request, this
+    /// one last (see [`compose`]).
     ///
     /// # Errors
     /// [`PluginError::BadInput`] when the plugin refuses the request;
     /// [`PluginError::Failed`] when it fails, traps, exceeds its time limit or
     /// memory.
-    pub async fn preprocess(self: &Arc<Self>, req: Arc<RawRequest>) -> Result<Vec<Tensor>, PluginError> {
-        self.call_blocking(move |this| {
+    pub async fn preprocess(
+        self: &Arc<Self>,
+        req: Arc<RawRequest>,
+        chain: Vec<String>,
+    ) -> Result<Vec<Tensor>, PluginError> {
+        self.call_blocking(chain.len() > 1, move |this| {
             let req = convert::request(&req);
-            let tensors = this.call("preprocess", |inst| {
-                let store = &mut inst.store;
-                inst.bindings.plinth_plugin_handler().call_preprocess(store, &req)
-            })?;
+            let tensors = this.call("preprocess", chain, |inst| inst.bindings.preprocess(&mut inst.store, &req))?;
             Ok(tensors.into_iter().map(convert::tensor_from_wit).collect())
         })
         .await
@@ -246,26 +358,33 @@ impl Plugin {
         self: &Arc<Self>,
         req: Arc<RawRequest>,
         outputs: Vec<Tensor>,
+        chain: Vec<String>,
     ) -> Result<RawResponse, PluginError> {
-        self.call_blocking(move |this| {
+        self.call_blocking(chain.len() > 1, move |this| {
             let req = convert::request(&req);
             let outputs: Vec<wit::Tensor> = outputs.into_iter().map(convert::tensor_to_wit).collect();
-            let response = this.call("postprocess", |inst| {
-                let store = &mut inst.store;
-                inst.bindings.plinth_plugin_handler().call_postprocess(store, &req, &outputs)
-            })?;
+            let response =
+                this.call("postprocess", chain, |inst| inst.bindings.postprocess(&mut inst.store, &req, &outputs))?;
             Ok(RawResponse { content_type: response.content_type, body: response.body })
         })
         .await
     }
 
-    /// Runs `f` on a blocking thread, at most `concurrency` at a time, so a
-    /// plugin never stalls the async executor.
+    /// Runs `f` on a blocking thread, so a plugin never stalls the async
+    /// executor. Requests' outermost plugin calls run at most `concurrency`
+    /// at a time; a `nested` call (made by another plugin through
+    /// composition, whose caller holds a permit and waits) takes none, so
+    /// compositions cannot deadlock on permits.
     async fn call_blocking<T: Send + 'static>(
         self: &Arc<Self>,
+        nested: bool,
         f: impl FnOnce(&Plugin) -> Result<T, PluginError> + Send + 'static,
     ) -> Result<T, PluginError> {
-        let _permit = self.permits.acquire().await.map_err(|_| self.failed("the plugin host is shutting down"))?;
+        let _permit = if nested {
+            None
+        } else {
+            Some(self.permits.acquire().await.map_err(|_| self.failed("the plugin host is shutting down"))?)
+        };
         let this = self.clone();
         tokio::task::spawn_blocking(move || f(&this))
             .await
@@ -277,6 +396,7 @@ impl Plugin {
     fn call<T>(
         &self,
         export: &str,
+        chain: Vec<String>,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, wit::Error>>,
     ) -> Result<T, PluginError> {
         let taken = self.idle.lock().expect("idle pool").pop();
@@ -284,6 +404,7 @@ impl Plugin {
             Some(inst) => inst,
             None => self.start_instance()?,
         };
+        inst.store.data_mut().composition.chain = chain;
         let stderr_before = inst.stderr.contents().len();
         inst.store.set_epoch_deadline(self.deadline_ticks());
         match f(&mut inst) {
@@ -308,14 +429,18 @@ impl Plugin {
         wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
             .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
         let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
-        let state = InstanceState { wasi: wasi.build(), table: ResourceTable::new(), limits };
+        let composition = Composition { models: self.models.clone(), chain: Vec::new() };
+        let state = InstanceState { wasi: wasi.build(), table: ResourceTable::new(), limits, composition };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
+        let bindings = match &self.pre {
+            Pre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
+            Pre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
+        }
+        .map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
         let mut inst = Instance { store, bindings, stderr };
-        let info = &self.info;
-        match inst.bindings.plinth_plugin_handler().call_init(&mut inst.store, info) {
+        match inst.bindings.init(&mut inst.store, &self.info) {
             Ok(Ok(())) => Ok(inst),
             Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => {
                 Err(self.failed(&format!("init failed: {m}")))

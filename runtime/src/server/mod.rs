@@ -235,6 +235,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     let runtimes = Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
     let registry = Arc::new(Registry::default());
     let metrics = runtimes.metrics.clone();
+    let plugin_models = runtimes.plugins.models().clone();
     let lifecycle = Arc::new(Lifecycle::new(
         runtimes,
         registry.clone(),
@@ -243,6 +244,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         opts.load_limits,
         metrics.clone(),
     ));
+    plugin_models.connect(&lifecycle);
     let state = Arc::new(AppState {
         registry,
         lifecycle: lifecycle.clone(),
