@@ -9,7 +9,7 @@
 #                          categories) in a throw-away full-PyTorch venv
 #   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
 #   .cache/bench/kserve/   the KServe Python model server, a real remote for the tests
-#   model_repository/      the PP-OCR models from the rapidocr-onnxruntime wheel,
+#   model_repository/      the PP-OCR models (detector, direction, recogniser) from the rapidocr-onnxruntime wheel,
 #                          the MobileNetV2 copies, and each model's plugin (.wasm)
 #   target/release/plinth  the server, with the libtorch feature
 # Only the package registries are needed (PyPI, crates.io, Debian).
@@ -59,6 +59,7 @@ wheel = next(pathlib.Path(sys.argv[1]).glob("rapidocr_onnxruntime-1.4.4-*.whl"))
 targets = {
     "ch_PP-OCRv4_rec_infer.onnx": "model_repository/ocr_rec/1/model.onnx",
     "ch_ppocr_mobile_v2.0_cls_infer.onnx": "model_repository/ocr_cls/1/model.onnx",
+    "ch_PP-OCRv4_det_infer.onnx": "model_repository/ocr/1/model.onnx",
 }
 with zipfile.ZipFile(wheel) as z:
     for name, target in targets.items():
@@ -118,6 +119,7 @@ step "Plugins (plugins/, wasm32-wasip2)"
 wasm=plugins/target/wasm32-wasip2/release
 install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
 install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
+install -m 644 "$wasm/ocr.wasm" model_repository/ocr/ocr.wasm
 for model in mobilenet_v2 mobilenet_v2_torchscript; do
     install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
 done

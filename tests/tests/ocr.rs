@@ -1,5 +1,7 @@
 //! Reading text out of real images through the example repository, end to
-//! end: HTTP → plugin preprocess → ONNX Runtime → plugin postprocess.
+//! end: HTTP → plugin preprocess → ONNX Runtime → plugin postprocess; and a
+//! whole page through `ocr`, whose plugin runs ocr_cls and ocr_rec on each
+//! line it finds (composition).
 
 use plinth_tests::{Server, example_repository, fixture};
 use serde_json::Value;
@@ -37,6 +39,36 @@ fn ocr_cls_tells_upright_from_rotated_lines() {
         assert_eq!(body["angle"], angle, "{file}");
         assert!(body["confidence"].as_f64().unwrap() > 0.9, "{file}: {body}");
     }
+}
+
+#[test]
+fn ocr_reads_every_line_of_a_page_in_reading_order_with_boxes_inside_it() {
+    let server = Server::start(&example_repository(), &[]);
+    let (status, body) = server.post_bytes("/v2/models/ocr/predict", "image/png", fixture("page.png"));
+    assert_eq!(status, 200, "{body}");
+    let lines = body["lines"].as_array().unwrap();
+    let texts: Vec<&str> = lines.iter().map(|l| l["text"].as_str().unwrap()).collect();
+    let expected = expected();
+    let want: Vec<&str> =
+        expected["page"]["page.png"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(texts, want);
+    let (width, height) = (900, 440); // page.png
+    let mut previous_top = 0;
+    for line in lines {
+        let corners: Vec<(i64, i64)> =
+            line["box"].as_array().unwrap().iter().map(|p| (p[0].as_i64().unwrap(), p[1].as_i64().unwrap())).collect();
+        let [(x0, y0), (x1, _), (_, y1), _] = corners[..] else { panic!("{line}") };
+        assert!(0 <= x0 && x0 < x1 && x1 <= width && 0 <= y0 && y0 < y1 && y1 <= height, "{line}");
+        assert!(y0 > previous_top, "lines come top to bottom: {body}");
+        previous_top = y0;
+        assert!(line["confidence"].as_f64().unwrap() > 0.9, "{line}");
+    }
+    let calls = |m: &str| server.metric(&format!("nv_inference_request_success{{model=\"{m}\",version=\"1\"}}"));
+    assert_eq!(
+        (calls("ocr"), calls("ocr_cls"), calls("ocr_rec")),
+        (1.0, 4.0, 4.0),
+        "each line went through both models"
+    );
 }
 
 #[test]
