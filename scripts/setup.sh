@@ -3,6 +3,7 @@
 #   .venv/                 Python with ONNX Runtime 1.31.1 (the library the server loads)
 #                          and the test tools; .venv/libonnxruntime.so links to the library
 #   .cache/perf-analyzer/  Triton's perf_analyzer (tritonclient 2.51.0) and Debian's libb64-0d
+#   espeak-ng              Debian's speech synthesiser, for the voice-activity test
 #   wasm32-wasip2          the Rust target plugins are built for
 #   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
 #   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
@@ -10,7 +11,7 @@
 #   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
 #   .cache/bench/kserve/   the KServe Python model server, a real remote for the tests
 #   model_repository/      the PP-OCR models (detector, direction, recogniser) from the rapidocr-onnxruntime wheel,
-#                          the MobileNetV2 copies, and each model's plugin (.wasm)
+#                          Silero VAD, the MobileNetV2 copies, and each model's plugin (.wasm)
 #   target/release/plinth  the server, with the libtorch feature
 # Only the package registries are needed (PyPI, crates.io, Debian).
 set -euo pipefail
@@ -34,10 +35,14 @@ echo "ONNX Runtime library: $ort_lib"
 step "perf_analyzer (tritonclient==2.51.0) in .cache/perf-analyzer"
 # The newest wheel whose perf_analyzer runs on this glibc; it needs Debian's
 # libb64-0d and libcudart from pip even without a GPU.
-if ! dpkg -s libb64-0d >/dev/null 2>&1; then
-    sudo=$([[ $(id -u) == 0 ]] || echo sudo)
-    $sudo apt-get install -y -q libb64-0d >/dev/null || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q libb64-0d >/dev/null; }
-fi
+# espeak-ng makes the speech the voice-activity test listens to.
+for package in libb64-0d espeak-ng; do
+    if ! dpkg -s "$package" >/dev/null 2>&1; then
+        sudo=$([[ $(id -u) == 0 ]] || echo sudo)
+        $sudo apt-get install -y -q "$package" >/dev/null \
+            || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "$package" >/dev/null; }
+    fi
+done
 if [[ ! -x .cache/perf-analyzer/bin/perf_analyzer ]]; then
     python3 -m venv .cache/perf-analyzer
     .cache/perf-analyzer/bin/python -m pip install --quiet "tritonclient[all]==2.51.0" nvidia-cuda-runtime-cu12==12.9.79
@@ -114,12 +119,26 @@ if [[ ! -f .cache/bench/kserve/.done ]]; then
     touch .cache/bench/kserve/.done
 fi
 
+step "Silero VAD (silero-vad==6.2.3) in model_repository/vad"
+if [[ ! -f model_repository/vad/1/model.onnx ]]; then
+    .venv/bin/python -m pip download --quiet --no-deps silero-vad==6.2.3 -d "$wheel_dir"
+    .venv/bin/python - "$wheel_dir" <<'PY'
+import pathlib, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("silero_vad-6.2.3-*.whl"))
+target = pathlib.Path("model_repository/vad/1/model.onnx")
+target.parent.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    target.write_bytes(z.read("silero_vad/data/silero_vad.onnx"))
+PY
+fi
+
 step "Plugins (plugins/, wasm32-wasip2)"
 (cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target
 wasm=plugins/target/wasm32-wasip2/release
 install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
 install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
 install -m 644 "$wasm/ocr.wasm" model_repository/ocr/ocr.wasm
+install -m 644 "$wasm/vad.wasm" model_repository/vad/vad.wasm
 for model in mobilenet_v2 mobilenet_v2_torchscript; do
     install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
 done
