@@ -30,6 +30,32 @@ pub enum Command {
     /// parses and matches its model, every plugin starts. Prints one line per
     /// problem and exits non-zero if there is any.
     Check(CheckArgs),
+    /// Create or inspect plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+/// `plinth plugin` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Create the plugin crate NAME in a folder of that name; it builds as is
+    /// with `cargo build --release`.
+    New {
+        /// The crate's name (lower-case letters, digits, '-', '_').
+        name: String,
+        /// Where to create the folder.
+        #[arg(long, default_value = ".")]
+        path: PathBuf,
+        /// Plinth's plugin-sdk folder (default: the one this binary was built from).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Say which plinth:plugin version FILE.wasm was built against and
+    /// whether this server can run it; exits non-zero if it cannot.
+    Check {
+        /// The plugin component.
+        file: PathBuf,
+    },
 }
 
 /// Flags of `plinth check`.

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use plinth::cli::{CheckArgs, Cli, Command, LogFormat, init_logging};
+use plinth::cli::{CheckArgs, Cli, Command, LogFormat, PluginCommand, init_logging};
 
 fn main() -> ExitCode {
     match Cli::parse().command {
@@ -12,6 +12,12 @@ fn main() -> ExitCode {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             finish(args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts))))
         }
+        Command::Plugin(PluginCommand::New { name, path, sdk }) => {
+            finish(plinth::plugin::scaffold::new_crate(&name, &path, sdk.as_deref()).map(|dir| {
+                println!("created {}; build it with: cd {} && cargo build --release", dir.display(), dir.display());
+            }))
+        }
+        Command::Plugin(PluginCommand::Check { file }) => finish(check_plugin(&file)),
         Command::Check(args) => {
             init_logging(0, LogFormat::Default);
             match check(&args) {
@@ -36,6 +42,18 @@ fn check(args: &CheckArgs) -> Result<bool, String> {
         println!("ok: every model in the repository loads");
     }
     Ok(problems.is_empty())
+}
+
+/// Runs `plinth plugin check`: prints the plugin's contract version.
+fn check_plugin(file: &std::path::Path) -> Result<(), String> {
+    let host = plinth::plugin::PluginHost::new(plinth::plugin::PluginLimits::default(), None)?;
+    let version = host.inspect(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    println!(
+        "{}: built against plinth:plugin@{version}; this host runs it (it runs {})",
+        file.display(),
+        plinth::plugin::WIT_VERSIONS.join(", ")
+    );
+    Ok(())
 }
 
 fn finish(result: Result<(), String>) -> ExitCode {

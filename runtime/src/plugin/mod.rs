@@ -15,6 +15,7 @@
 mod cache;
 pub mod compose;
 mod convert;
+pub mod scaffold;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -209,6 +210,26 @@ impl PluginHost {
         })?;
         plugin.idle.lock().expect("idle pool").push(first);
         Ok(plugin)
+    }
+
+    /// Which contract version the component at `wasm` was built against,
+    /// once it is known to compile and link in this host.
+    ///
+    /// # Errors
+    /// A message when the file cannot be read, is not a component, exports
+    /// no supported `plinth:plugin/handler`, or imports what this host does
+    /// not provide.
+    pub fn inspect(&self, wasm: &Path) -> Result<&'static str, String> {
+        let component = self.compile(wasm)?;
+        let version = wit_version(&self.engine, &component).ok_or_else(|| {
+            let exports: Vec<String> =
+                component.component_type().exports(&self.engine).map(|(name, _)| name.to_owned()).collect();
+            format!("it exports no plinth:plugin/handler of a version this host runs ({WIT_VERSIONS:?}); its exports are {exports:?}")
+        })?;
+        self.linker
+            .instantiate_pre(&component)
+            .map_err(|e| format!("built against plinth:plugin@{version}, but it cannot be linked here: {e}"))?;
+        Ok(version)
     }
 
     fn compile(&self, wasm: &Path) -> Result<Component, String> {

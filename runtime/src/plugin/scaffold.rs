@@ -1,0 +1,79 @@
+//! `plinth plugin new`: a plugin crate that builds as is, against this
+//! checkout's `plugin-sdk`.
+
+use std::path::{Path, PathBuf};
+
+/// Where `plugin-sdk` was when this binary was built.
+const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-sdk");
+
+/// Creates the crate folder `parent/name`: `Cargo.toml`, `.cargo/config.toml`
+/// (target `wasm32-wasip2`) and a `src/lib.rs` plugin that feeds a JSON
+/// body's numbers to the model. `sdk` is the `plugin-sdk` folder (default:
+/// the one this binary was built from). Returns the crate's folder.
+///
+/// # Errors
+/// A message when `name` is not a crate name (lower-case letters, digits,
+/// `-`, `_`, starting with a letter), the folder already exists, the SDK is
+/// not found, or a file cannot be written.
+pub fn new_crate(name: &str, parent: &Path, sdk: Option<&Path>) -> Result<PathBuf, String> {
+    let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid {
+        return Err(format!(
+            "'{name}' is not a crate name: use lower-case letters, digits, '-' and '_', starting with a letter"
+        ));
+    }
+    let sdk = sdk.map_or_else(|| PathBuf::from(BUILT_SDK), Path::to_path_buf);
+    let sdk =
+        sdk.canonicalize().ok().filter(|p| p.join("Cargo.toml").is_file()).ok_or_else(|| {
+            format!("no plugin-sdk at {}: pass --sdk PATH to Plinth's plugin-sdk folder", sdk.display())
+        })?;
+    let dir = parent.join(name);
+    if dir.exists() {
+        return Err(format!("{} already exists", dir.display()));
+    }
+    let crate_name = name.replace('-', "_");
+    let type_name: String = crate_name
+        .split('_')
+        .filter(|part| !part.is_empty())
+        .map(|part| part[..1].to_ascii_uppercase() + &part[1..])
+        .collect();
+    let fill = |template: &str| {
+        template
+            .replace("{name}", name)
+            .replace("{crate}", &crate_name)
+            .replace("{type_name}", &type_name)
+            .replace("{sdk}", &sdk.display().to_string())
+    };
+    let files = [
+        ("Cargo.toml", fill(include_str!("template/Cargo.toml.tmpl"))),
+        (".cargo/config.toml", fill(include_str!("template/config.toml.tmpl"))),
+        ("src/lib.rs", fill(include_str!("template/lib.rs.tmpl"))),
+    ];
+    for (file, text) in files {
+        let path = dir.join(file);
+        let parent = path.parent().expect("files are inside the crate folder");
+        std::fs::create_dir_all(parent)
+            .and_then(|()| std::fs::write(&path, text))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crate_is_written_with_its_names_filled_in_and_bad_names_are_refused() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = new_crate("my-tokenizer", parent.path(), None).unwrap();
+        let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
+        assert!(lib.contains("struct MyTokenizer") && lib.contains("export_plugin!(MyTokenizer)"));
+        assert!(lib.contains("release/my_tokenizer.wasm"));
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        assert!(manifest.contains("name = \"my-tokenizer\"") && manifest.contains("plugin-sdk\" }"));
+        assert!(new_crate("my-tokenizer", parent.path(), None).unwrap_err().contains("already exists"));
+        assert!(new_crate("Bad Name", parent.path(), None).unwrap_err().contains("not a crate name"));
+    }
+}

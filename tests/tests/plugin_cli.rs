@@ -1,0 +1,57 @@
+//! The plugin author's path through the real binary: `plinth plugin new`
+//! makes a crate that builds as is, `plinth plugin check` names the
+//! contract version of it and of the prebuilt 0.1 fixture, and the new
+//! plugin serves a model.
+
+use std::process::Command;
+
+use plinth_tests::{Server, add_model, binary, root};
+use serde_json::json;
+
+fn plinth(args: &[&str]) -> (bool, String) {
+    let out = Command::new(binary()).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
+    let work = tempfile::tempdir().unwrap();
+    let parent = work.path().to_str().unwrap();
+    let (ok, text) = plinth(&["plugin", "new", "doubler-io", "--path", parent]);
+    assert!(ok, "{text}");
+    // The plugins' target folder already holds the SDK's dependencies.
+    let target = root().join("plugins/target");
+    let status = Command::new("cargo")
+        .args(["build", "--release", "--quiet"])
+        .current_dir(work.path().join("doubler-io"))
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the new crate does not build");
+    let wasm = target.join("wasm32-wasip2/release/doubler_io.wasm");
+    let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
+    assert!(ok && text.contains("built against plinth:plugin@0.2.0; this host runs it"), "{text}");
+
+    let repo = tempfile::tempdir().unwrap();
+    let config = r#"max_batch_size: 4
+        parameters { key: "plugin" value: { string_value: "doubler_io.wasm" } }"#;
+    add_model(repo.path(), "doubler", &root().join("tests/fixtures/slow_model.onnx"), config);
+    std::fs::copy(&wasm, repo.path().join("doubler/doubler_io.wasm")).unwrap();
+    let server = Server::start(repo.path(), &[]);
+    let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1, 2, 3, 4] }));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outputs"][0]["data"], json!([2.0, 4.0, 6.0, 8.0]), "{body}");
+    let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": "four" }));
+    assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn plugin_check_names_the_contract_version_or_why_it_cannot_run() {
+    let old = root().join("tests/fixtures/plugin_v0_1/ocr_cls.wasm");
+    let (ok, text) = plinth(&["plugin", "check", old.to_str().unwrap()]);
+    assert!(ok && text.contains("built against plinth:plugin@0.1.0"), "{text}");
+    let not_wasm = root().join("tests/fixtures/page.png");
+    let (ok, text) = plinth(&["plugin", "check", not_wasm.to_str().unwrap()]);
+    assert!(!ok && text.contains("cannot compile"), "{text}");
+}
