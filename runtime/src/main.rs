@@ -10,7 +10,10 @@ fn main() -> ExitCode {
         Command::Serve(args) => {
             init_logging(args.log_verbose, args.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            finish(args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts))))
+            let result = args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts)));
+            // Blocking tasks still running (a plugin call) are not waited for.
+            runtime.shutdown_background();
+            finish(result)
         }
         Command::Plugin(PluginCommand::New { name, path, sdk }) => {
             finish(plinth::plugin::scaffold::new_crate(&name, &path, sdk.as_deref()).map(|dir| {

@@ -3,8 +3,8 @@
 //! beside a local model. Answers match the direct ones; a stopped, hung or
 //! restarted remote gives clear 503s and then service again, while the local
 //! model keeps answering; a configuration that does not fit the remote's
-//! metadata is refused at load; `remote.repository_control` loads and
-//! unloads the remote model.
+//! metadata is refused at load; `remote.repository_control` loads the
+//! remote model and unloads it once no local model uses it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -166,7 +166,17 @@ fn repository_control_loads_and_unloads_the_remote_model() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(state(&remote), Some(json!("READY")));
     assert_eq!(classify(&front, "remote_cls", "cls_rotated.png").1["angle"], 180);
-    let (status, body) = front.post_json("/v2/repository/models/remote_cls/unload", &json!({}));
+    // A second local model on the same remote model, and a reload of the
+    // first: neither may unload it while a local model uses it.
+    copy_dir(&repo.path().join("remote_cls"), &repo.path().join("second_cls"));
+    for (model, action) in [("second_cls", "load"), ("remote_cls", "load"), ("remote_cls", "unload")] {
+        let (status, body) = front.post_json(&format!("/v2/repository/models/{model}/{action}"), &json!({}));
+        assert_eq!(status, 200, "{model} {action}: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(state(&remote), Some(json!("READY")), "after {model} {action}");
+    }
+    assert_eq!(classify(&front, "second_cls", "cls_rotated.png").1["angle"], 180);
+    let (status, body) = front.post_json("/v2/repository/models/second_cls/unload", &json!({}));
     assert_eq!(status, 200, "{body}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while state(&remote) == Some(json!("READY")) {

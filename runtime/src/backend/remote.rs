@@ -8,9 +8,11 @@
 //! choice), `remote.timeout_ms` (each HTTP exchange, default 5000),
 //! `remote.retries` (extra attempts after a refused connection or a 503,
 //! default 2) and `remote.repository_control` (`"1"`: load the remote model
-//! when this one loads and unload it when this one unloads).
+//! when this one loads, and unload it when no loaded model of this server
+//! uses it any more).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::{BlockingRetryable, ExponentialBuilder};
@@ -28,6 +30,23 @@ const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
 
 /// The largest response read from a remote, in bytes.
 const MAX_RESPONSE_BYTES: u64 = 1 << 30;
+
+/// The `remote.*` parameters this backend reads; any other is a typo.
+const PARAMETERS: [&str; 6] = [
+    "remote.url",
+    "remote.model",
+    "remote.version",
+    "remote.timeout_ms",
+    "remote.retries",
+    "remote.repository_control",
+];
+
+/// Remote models this server loaded through `remote.repository_control`,
+/// keyed by (URL, model), with the number of live versions of local models
+/// that use each: the remote model is unloaded when the count falls to 0,
+/// so a reload, a failed load or a second local model never unloads it from
+/// under a model still serving.
+static CONTROLLED: Mutex<Option<HashMap<(String, String), usize>>> = Mutex::new(None);
 
 /// Where and how to reach the remote model, from `config.pbtxt`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +74,10 @@ impl RemoteConfig {
     /// A message naming the parameter when `remote.url` is missing or not
     /// an `http://` URL, or a number or flag does not parse.
     pub fn from_config(config: &ModelConfig, name: &str) -> Result<RemoteConfig, String> {
+        let unknown = config.parameters.keys().find(|k| k.starts_with("remote.") && !PARAMETERS.contains(&k.as_str()));
+        if let Some(unknown) = unknown {
+            return Err(format!("unknown parameter '{unknown}'; a remote model reads {PARAMETERS:?}"));
+        }
         let param = |key: &str| config::parameter(config, key).map(str::trim).filter(|v| !v.is_empty());
         let number = |key: &str, default: u64| match param(key) {
             None => Ok(default),
@@ -62,18 +85,31 @@ impl RemoteConfig {
         };
         let url =
             param("remote.url").ok_or("a remote model needs the parameter 'remote.url' (e.g. http://host:8000)")?;
-        if !url.starts_with("http://") {
-            return Err(format!("parameter 'remote.url' must be an http:// URL, got '{url}'"));
+        let host = url.get(..7).filter(|scheme| scheme.eq_ignore_ascii_case("http://")).map(|_| &url[7..]);
+        let Some(host) = host.filter(|h| !h.is_empty() && !h.starts_with('/') && !h.contains(['?', '#', ' '])) else {
+            return Err(format!(
+                "parameter 'remote.url' must be an http:// URL of a server (http://host:port, an optional path, no query), got '{url}'"
+            ));
+        };
+        let model = param("remote.model").unwrap_or(name);
+        if !crate::repository::is_model_name(model) || model.contains(['?', '#', '%']) {
+            return Err(format!("parameter 'remote.model' is not a model name: '{model}'"));
         }
+        let version = match param("remote.version") {
+            None => None,
+            Some(v) => Some(crate::repository::parse_version(v).ok_or_else(|| {
+                format!("parameter 'remote.version' must be a version number without leading zeros, got '{v}'")
+            })?),
+        };
         let repository_control = match param("remote.repository_control") {
             None | Some("0") => false,
             Some("1") => true,
             Some(v) => return Err(format!("parameter 'remote.repository_control' must be \"0\" or \"1\", got '{v}'")),
         };
         Ok(RemoteConfig {
-            url: url.trim_end_matches('/').to_owned(),
-            model: param("remote.model").unwrap_or(name).to_owned(),
-            version: param("remote.version").map(|_| number("remote.version", 0)).transpose()?,
+            url: format!("http://{}", host.trim_end_matches('/')),
+            model: model.to_owned(),
+            version,
             timeout: Duration::from_millis(number("remote.timeout_ms", 5000)?.max(1)),
             retries: usize::try_from(number("remote.retries", 2)?).unwrap_or(usize::MAX).min(10),
             repository_control,
@@ -98,6 +134,8 @@ impl RemoteConfig {
 struct Remote {
     config: RemoteConfig,
     agent: ureq::Agent,
+    /// Whether this version counts in [`CONTROLLED`] (its load succeeded).
+    controls: bool,
 }
 
 /// A remote model: tensors in, tensors out, over HTTP.
@@ -110,8 +148,11 @@ pub struct RemoteModel {
 
 /// Why one HTTP exchange failed.
 enum Failure {
-    /// No connection or a reset: the remote is not there.
+    /// No connection: the request cannot have reached the remote.
     Unreachable(String),
+    /// The exchange broke after the request may have reached the remote (a
+    /// reset, a redirect, an answer too large): not retried.
+    Broken(String),
     /// No answer within the timeout; the request may have run.
     TimedOut,
     /// The remote answered with this status and message.
@@ -131,6 +172,7 @@ impl Failure {
         let label = remote.label();
         match self {
             Failure::Unreachable(m) => BackendError::Unavailable(format!("{label} cannot be reached: {m}")),
+            Failure::Broken(m) => BackendError::BadGateway(format!("{label} broke off the exchange: {m}")),
             Failure::TimedOut => BackendError::Unavailable(format!(
                 "{label} did not answer within remote.timeout_ms = {} ms",
                 remote.timeout.as_millis()
@@ -184,14 +226,18 @@ impl RemoteModel {
             .http_status_as_error(false)
             .build()
             .into();
-        let remote = Arc::new(Remote { config, agent });
+        let mut remote = Remote { config, agent, controls: false };
         let label = remote.config.label();
         if remote.config.repository_control {
             let url = format!("{}/v2/repository/models/{}/load", remote.config.url, remote.config.model);
             remote
                 .call(|| remote.send(remote.agent.post(&url), b"").map(drop))
                 .map_err(|e| format!("{e} (loading it)"))?;
+            let key = (remote.config.url.clone(), remote.config.model.clone());
+            *CONTROLLED.lock().expect("controlled remotes").get_or_insert_default().entry(key).or_default() += 1;
+            remote.controls = true;
         }
+        let remote = Arc::new(remote);
         let body = remote.call(|| remote.send_get(&remote.config.model_url())).map_err(|e| e.to_string())?;
         let meta: Metadata = serde_json::from_slice(&body)
             .map_err(|e| format!("{label} sent metadata that is not KServe v2 JSON: {e}"))?;
@@ -257,8 +303,18 @@ impl Remote {
 
 impl Drop for Remote {
     fn drop(&mut self) {
-        if !self.config.repository_control {
+        if !self.controls {
             return;
+        }
+        let key = (self.config.url.clone(), self.config.model.clone());
+        {
+            let mut controlled = CONTROLLED.lock().expect("controlled remotes");
+            let users = controlled.get_or_insert_default().entry(key.clone()).or_default();
+            *users = users.saturating_sub(1);
+            if *users > 0 {
+                return;
+            }
+            controlled.get_or_insert_default().remove(&key);
         }
         // Dropped on the request path's threads too: unload in the
         // background rather than block one for up to the timeout.
@@ -272,10 +328,16 @@ impl Drop for Remote {
     }
 }
 
+/// Sorts a transport error: only a connection that never opened is
+/// retried, since anything later may have reached the remote.
 fn unreachable(e: ureq::Error) -> Failure {
     match e {
         ureq::Error::Timeout(_) => Failure::TimedOut,
-        e => Failure::Unreachable(e.to_string()),
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => Failure::Unreachable(e.to_string()),
+        ureq::Error::Io(ref io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Failure::Unreachable(e.to_string())
+        }
+        e => Failure::Broken(e.to_string()),
     }
 }
 

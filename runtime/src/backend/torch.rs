@@ -85,7 +85,7 @@ impl Libtorch {
             }
         };
         let mut module = CModule::load_on_device(path, device)
-            .map_err(|e| format!("libtorch cannot load {} as TorchScript: {e}", path.display()))?;
+            .map_err(|e| format!("libtorch cannot load {} as TorchScript: {}", path.display(), summary(&e)))?;
         module.set_eval();
         let (input_io, input_positions) = signature(inputs, batching, Some(&mut || forward_arguments(path)))?;
         check_positions(&input_io, &input_positions)?;
@@ -155,10 +155,10 @@ impl Backend for TorchModel {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| BackendError::InvalidInput("every input of a TorchScript model is required".to_owned()))?;
         let result = self.module.forward_is(&args).map_err(|e| {
-            let message = format!("libtorch cannot run these inputs: {e}");
+            let message = format!("libtorch cannot run these inputs: {}", summary(&e));
             // Inputs already fit the signature, so a refusal is about their
             // sizes or values; running out of memory is the server's fault.
-            if message.contains("out of memory") {
+            if message.contains("out of memory") || message.contains("can't allocate memory") {
                 BackendError::Failed(message)
             } else {
                 BackendError::InvalidInput(message)
@@ -361,10 +361,12 @@ fn returned_tensors(value: IValue) -> Result<Vec<tch::Tensor>, String> {
             .into_iter()
             .map(|v| match v {
                 IValue::Tensor(t) => Ok(t),
-                other => Err(format!("the model returned a {other:?} where a tensor was expected")),
+                other => Err(format!("the model returned {} where a tensor was expected", kind_of(&other))),
             })
             .collect(),
-        other => Err(format!("the model returned {other:?}; Plinth serves tensors, tuples and lists of tensors")),
+        other => {
+            Err(format!("the model returned {}; Plinth serves tensors, tuples and lists of tensors", kind_of(&other)))
+        }
     }
 }
 
@@ -407,9 +409,42 @@ fn to_torch(t: &Tensor, device: Device) -> Result<tch::Tensor, String> {
     if device == Device::Cpu { Ok(value) } else { Ok(value.to_device(device)) }
 }
 
+/// The variant of a returned value, for messages (its contents can be huge).
+fn kind_of(value: &IValue) -> &'static str {
+    match value {
+        IValue::None => "None",
+        IValue::Tensor(_) => "a tensor",
+        IValue::Double(_) | IValue::Int(_) | IValue::Bool(_) => "a number",
+        IValue::Tuple(_) => "a tuple",
+        IValue::IntList(_) | IValue::DoubleList(_) | IValue::BoolList(_) => "a list of numbers",
+        IValue::String(_) | IValue::StringList(_) => "text",
+        IValue::TensorList(_) | IValue::GenericList(_) => "a list",
+        IValue::GenericDict(_) => "a dict",
+        IValue::Object(_) => "an object",
+        _ => "a value of another type",
+    }
+}
+
+/// libtorch's message without the TorchScript traceback or C++ frames:
+/// the line naming the error, at most 500 characters. The rest goes to the
+/// log, not to clients.
+fn summary(e: &tch::TchError) -> String {
+    let full = e.to_string();
+    tracing::debug!("libtorch: {full}");
+    let lines: Vec<&str> = full.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let line = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("Error: ") && !l.starts_with("frame #"))
+        .or_else(|| lines.iter().find(|l| !l.starts_with("frame #") && !l.starts_with("Exception raised from")))
+        .copied()
+        .unwrap_or("unknown libtorch error");
+    line.chars().take(500).collect()
+}
+
 /// Copies a returned tensor to the CPU, contiguous, as a v2 tensor.
 fn from_torch(name: &str, t: &tch::Tensor) -> Result<Tensor, String> {
-    let kind = t.kind();
+    let kind = t.f_kind().map_err(|_| format!("output '{name}' has an element type libtorch's C API does not name"))?;
     let datatype = datatype(kind)
         .ok_or_else(|| format!("output '{name}' has element type {kind:?}, which the v2 protocol cannot carry"))?;
     let t = t.to_device(Device::Cpu).contiguous();

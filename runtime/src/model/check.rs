@@ -32,6 +32,42 @@ pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[Mo
     Ok(())
 }
 
+/// Checks what a backend returned against the signature: no output twice,
+/// each declared output with its declared datatype and rank, fixed
+/// dimensions as declared, and, when `rows` is given (a batching model), a
+/// first dimension of that many rows. A remote server or a TorchScript file
+/// can return anything, so this runs on every answer.
+///
+/// # Errors
+/// A message naming the output and both values.
+pub fn check_outputs(sig: &Signature, outputs: &[Tensor], rows: Option<i64>) -> Result<(), String> {
+    for (i, t) in outputs.iter().enumerate() {
+        if outputs[..i].iter().any(|o| o.name == t.name) {
+            return Err(format!("output '{}' twice", t.name));
+        }
+        let Some(spec) = sig.outputs.iter().find(|s| s.name == t.name) else { continue };
+        if t.datatype != spec.datatype {
+            return Err(format!("output '{}' as {}, but it is declared {}", t.name, t.datatype, spec.datatype));
+        }
+        let dims = match rows {
+            Some(n) if t.shape.first() != Some(&n) => {
+                return Err(format!("output '{}' with shape {:?} for a request of {n} rows", t.name, t.shape));
+            }
+            Some(_) => &t.shape[1..],
+            None => &t.shape[..],
+        };
+        let fits =
+            dims.len() == spec.dims.len() && spec.dims.iter().zip(dims).all(|(&want, &got)| want < 0 || want == got);
+        if !fits {
+            return Err(format!(
+                "output '{}' with shape {:?}, but it is declared with dims {:?}",
+                t.name, t.shape, spec.dims
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, String> {
     let datatype = io.datatype.ok_or_else(|| {
         format!("model {kind} '{}' has type {}, which the v2 protocol cannot carry", io.name, io.type_name)
@@ -154,6 +190,22 @@ mod tests {
             inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, dims: dims.to_vec() }],
             outputs: vec![],
         }
+    }
+
+    #[test]
+    fn returned_outputs_must_have_the_declared_type_shape_and_rows_and_come_once() {
+        let mut signature = sig(&[2], 8);
+        signature.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp32, dims: vec![2] }];
+        let y = |datatype, shape: &[i64]| Tensor { name: "y".into(), datatype, shape: shape.to_vec(), data: vec![] };
+        assert!(check_outputs(&signature, &[y(DataType::Fp32, &[3, 2])], Some(3)).is_ok());
+        let err = check_outputs(&signature, &[y(DataType::Int64, &[3, 2])], Some(3)).unwrap_err();
+        assert!(err.contains("as INT64, but it is declared FP32"), "{err}");
+        let err = check_outputs(&signature, &[y(DataType::Fp32, &[1, 2])], Some(3)).unwrap_err();
+        assert!(err.contains("shape [1, 2] for a request of 3 rows"), "{err}");
+        let err = check_outputs(&signature, &[y(DataType::Fp32, &[3, 5])], Some(3)).unwrap_err();
+        assert!(err.contains("declared with dims [2]"), "{err}");
+        let err = check_outputs(&signature, &[y(DataType::Fp32, &[3, 2]), y(DataType::Fp32, &[3, 2])], Some(3));
+        assert!(err.unwrap_err().contains("twice"));
     }
 
     #[test]

@@ -27,6 +27,11 @@ enum Framework {
 /// so a typo in `count` must not exhaust the machine's memory.
 const MAX_INSTANCES: usize = 128;
 
+/// Requests a remote model forwards at once without an `instance_group`:
+/// each instance holds one exchange, so one slow answer does not queue the
+/// rest behind it.
+const REMOTE_INSTANCES: usize = 8;
+
 /// ONNX Runtime's session parameter for busy-waiting intra-op threads.
 const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
 
@@ -115,15 +120,18 @@ fn framework(config: &ModelConfig) -> Result<Framework, String> {
     }
 }
 
-/// Where each instance `instance_group` asks for runs (one CPU instance
-/// without a group). KIND_AUTO and KIND_MODEL mean the CPU except for
+/// Where each instance `instance_group` asks for runs (without a group: one
+/// CPU instance, or [`REMOTE_INSTANCES`] for a remote model). KIND_AUTO and KIND_MODEL mean the CPU except for
 /// TorchScript models on a machine with CUDA, as in Triton; KIND_GPU runs
 /// `count` instances on each of `gpus` (all GPUs when empty), and is
 /// refused rather than silently served on the CPU where no GPU can serve.
 fn placements(config: &ModelConfig, framework: Framework, gpus: usize) -> Result<Vec<Placement>, String> {
     if config.instance_group.is_empty() {
-        let auto = if framework == Framework::Torch && gpus > 0 { Placement::Gpu(0) } else { Placement::Cpu };
-        return Ok(vec![auto]);
+        return Ok(match framework {
+            Framework::Torch if gpus > 0 => vec![Placement::Gpu(0)],
+            Framework::Remote => vec![Placement::Cpu; REMOTE_INSTANCES],
+            _ => vec![Placement::Cpu],
+        });
     }
     let mut all = Vec::new();
     for group in &config.instance_group {

@@ -219,7 +219,20 @@ impl Model {
                 self.name
             )));
         }
+        let rows = if self.signature.max_batch_size > 0 {
+            inputs.first().and_then(|t| t.shape.first().copied())
+        } else {
+            None
+        };
         let (mut outputs, timing) = self.scheduler.submit(inputs, options).await?;
+        if let Err(m) = check::check_outputs(&self.signature, &outputs, rows) {
+            let message = format!("model '{}' returned {m}", self.name);
+            return Err(if self.instances[0].backend() == "remote" {
+                Error::BadGateway(message)
+            } else {
+                Error::Internal(message)
+            });
+        }
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         if requested.is_empty() {
             return Ok((outputs, timing));

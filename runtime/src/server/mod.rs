@@ -220,8 +220,9 @@ impl Drop for InFlight<'_> {
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
 /// loads the models the control mode asks for, polls the repositories in
 /// poll mode, and serves until SIGTERM/SIGINT. Then readiness turns false,
-/// new inference gets 503, accepted requests finish (up to
-/// `exit_timeout`), and it returns.
+/// new inference gets 503, accepted requests finish, and it returns; when
+/// some are still running after `exit_timeout`, the process exits at once
+/// with status 1.
 ///
 /// # Errors
 /// A message when ONNX Runtime or wasmtime cannot start, a repository is
@@ -292,7 +293,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     }
     let unfinished = state.in_flight.load(Ordering::Acquire);
     if unfinished > 0 {
-        tracing::warn!(unfinished, "exit timeout reached with requests still running");
+        // A backend call cannot be cancelled (a TorchScript loop, a hung
+        // remote): waiting for it, or for the workers that run it, would hold
+        // the process past the timeout the orchestrator was promised.
+        tracing::warn!(unfinished, "exit timeout reached with requests still running; exiting without them");
+        std::process::exit(1);
     }
     let _ = stop_http.send(());
     server.await.map_err(|e| e.to_string())?.map_err(|e| format!("HTTP server failed: {e}"))?;
@@ -301,6 +306,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         grpc_server.await.map_err(|e| e.to_string())?.map_err(|e| format!("gRPC server failed: {e}"))?;
     }
     tracing::info!("stopped");
+    // The models are not dropped on the way out: dropping one joins its
+    // workers, and a worker stuck in a backend call would hold the process.
+    std::mem::forget(lifecycle);
     Ok(())
 }
 
