@@ -135,6 +135,9 @@ fi
 step "Plugins (plugins/, wasm32-wasip2)"
 (cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target
 wasm=plugins/target/wasm32-wasip2/release
+# The Python plugin: the same contract from another language (componentize-py).
+.venv/bin/componentize-py -d wit/v0.2 -w plugin componentize -p plugins/python-doubler app \
+    -o "$wasm/python_doubler.wasm" >/dev/null
 install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
 install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
 install -m 644 "$wasm/ocr.wasm" model_repository/ocr/ocr.wasm

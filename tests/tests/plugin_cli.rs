@@ -1,11 +1,12 @@
 //! The plugin author's path through the real binary: `plinth plugin new`
 //! makes a crate that builds as is, `plinth plugin check` names the
 //! contract version of it and of the prebuilt 0.1 fixture, and the new
-//! plugin serves a model.
+//! plugin serves a model; so does a plugin written in Python
+//! (`plugins/python-doubler`, built by componentize-py).
 
 use std::process::Command;
 
-use plinth_tests::{Server, add_model, binary, root};
+use plinth_tests::{Server, add_model, binary, built_plugin, root};
 use serde_json::json;
 
 fn plinth(args: &[&str]) -> (bool, String) {
@@ -54,4 +55,22 @@ fn plugin_check_names_the_contract_version_or_why_it_cannot_run() {
     let not_wasm = root().join("tests/fixtures/page.png");
     let (ok, text) = plinth(&["plugin", "check", not_wasm.to_str().unwrap()]);
     assert!(!ok && text.contains("cannot compile"), "{text}");
+}
+
+#[test]
+fn a_plugin_written_in_python_serves_a_model() {
+    let wasm = built_plugin("python_doubler.wasm");
+    let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
+    assert!(ok && text.contains("plinth:plugin@0.2.0"), "{text}");
+    let repo = tempfile::tempdir().unwrap();
+    let config = r#"max_batch_size: 4
+        parameters { key: "plugin" value: { string_value: "python_doubler.wasm" } }"#;
+    add_model(repo.path(), "doubler", &root().join("tests/fixtures/slow_model.onnx"), config);
+    std::fs::copy(&wasm, repo.path().join("doubler/python_doubler.wasm")).unwrap();
+    let server = Server::start(repo.path(), &[]);
+    let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1.5, -2, 3, 4] }));
+    assert_eq!((status, &body), (200, &json!({ "outputs": [3.0, -4.0, 6.0, 8.0] })));
+    let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": "x" }));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("expected {\"data\": [numbers]}"), "{body}");
 }
