@@ -25,6 +25,7 @@ bench: setup
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
 	.venv/bin/python bench/residency.py
+	.venv/bin/python bench/plugin_cache.py
 	cargo run --release -p plinth-bench --bin batching
 
 # Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
