@@ -27,6 +27,7 @@ bench: setup
 	.venv/bin/python bench/residency.py
 	.venv/bin/python bench/plugin_cache.py
 	cargo run --release -p plinth-bench --bin batching
+	cargo run --release -p plinth-bench --bin plugins_native
 
 # Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
 bench-peers: setup

@@ -215,8 +215,15 @@ macro_rules! export_plugin {
                 }
             }
 
+            // Only a component exports the contract; compiled natively (for
+            // a benchmark or a test), the plugin is plain Rust.
+            #[cfg(target_arch = "wasm32")]
     $crate::__private::bindings::__export_plugin_world!(Export with_types_in $crate::__private::bindings);
         };
+
+        /// The plugin type, for native builds that call it directly.
+        #[cfg(not(target_arch = "wasm32"))]
+        pub type ExportedPlugin = $ty;
     };
 }
 

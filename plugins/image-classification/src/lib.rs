@@ -25,10 +25,14 @@ const STD: [f32; 3] = [0.229, 0.224, 0.225];
 const MAX_PIXELS: u64 = 40_000_000;
 /// Categories answered without a `top_k` parameter.
 const DEFAULT_TOP_K: usize = 5;
-/// Where the host mounts the version folder.
-const MODEL_DIR: &str = "/model";
+/// Where the host mounts the version folder. A native build (the benchmark)
+/// names the folder in `PLINTH_MODEL_DIR`; the sandbox has no environment.
+fn model_dir() -> String {
+    std::env::var("PLINTH_MODEL_DIR").unwrap_or_else(|_| "/model".to_owned())
+}
 
-struct ImageClassification {
+/// The plugin's state, one per instance.
+pub struct ImageClassification {
     input: String,
     output: String,
     labels: Vec<String>,
@@ -48,7 +52,7 @@ impl Plugin for ImageClassification {
         let file = info.parameter("labels").ok_or_else(|| {
             Error::internal("the parameter 'labels' must name the category file in the version folder")
         })?;
-        let path = format!("{MODEL_DIR}/{file}");
+        let path = format!("{}/{file}", model_dir());
         let text = std::fs::read_to_string(&path).map_err(|e| Error::internal(format!("cannot read {path}: {e}")))?;
         let labels: Vec<String> = text.lines().map(str::to_owned).collect();
         if output.dims.last().is_some_and(|&n| n >= 0 && n as usize != labels.len()) {
@@ -82,14 +86,13 @@ impl Plugin for ImageClassification {
     }
 
     fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
-        let top_k = match req.param("top_k") {
-            None => DEFAULT_TOP_K,
-            Some(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|&k| k >= 1)
-                .ok_or_else(|| Error::bad_input(format!("top_k must be a whole number of at least 1, got '{v}'")))?,
-        };
+        let top_k =
+            match req.param("top_k") {
+                None => DEFAULT_TOP_K,
+                Some(v) => v.parse::<usize>().ok().filter(|&k| k >= 1).ok_or_else(|| {
+                    Error::bad_input(format!("top_k must be a whole number of at least 1, got '{v}'"))
+                })?,
+            };
         let logits = outputs
             .iter()
             .find(|t| t.name == self.output)

@@ -5,7 +5,8 @@
 use ocr_common::{Width, check_text_line_input, first_output, text_line_input};
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
-struct OcrCls {
+/// The plugin's state, one per instance.
+pub struct OcrCls {
     info: ModelInfo,
 }
 

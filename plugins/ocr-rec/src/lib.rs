@@ -6,7 +6,8 @@
 use ocr_common::{Width, check_text_line_input, first_output, text_line_input};
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
-struct OcrRec {
+/// The plugin's state, one per instance.
+pub struct OcrRec {
     info: ModelInfo,
     /// Class labels: index 0 is the CTC blank, the last one a space.
     classes: Vec<String>,

@@ -36,7 +36,8 @@ struct Ocr {
 impl Plugin for Ocr {
     fn init(info: &ModelInfo) -> Result<Self, Error> {
         let input = info.first_input()?;
-        let image_dims = if info.max_batch_size > 0 { &input.dims[..] } else { input.dims.get(1..).unwrap_or_default() };
+        let image_dims =
+            if info.max_batch_size > 0 { &input.dims[..] } else { input.dims.get(1..).unwrap_or_default() };
         if input.datatype != Datatype::Fp32 || !matches!(image_dims, [3, -1, -1]) {
             return Err(Error::internal(format!(
                 "input '{}' is {:?} with dims {:?}; this plugin makes FP32 pages of dims [3, -1, -1] (batch of 1)",

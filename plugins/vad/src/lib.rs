@@ -75,9 +75,11 @@ impl Plugin for Vad {
         let audio = decode(&req.body)?;
         let threshold = match req.param("threshold") {
             None => 0.5,
-            Some(v) => v.parse::<f32>().ok().filter(|t| (0.0..=1.0).contains(t)).ok_or_else(|| {
-                Error::bad_input(format!("threshold must be a number from 0 to 1, got '{v}'"))
-            })?,
+            Some(v) => v
+                .parse::<f32>()
+                .ok()
+                .filter(|t| (0.0..=1.0).contains(t))
+                .ok_or_else(|| Error::bad_input(format!("threshold must be a number from 0 to 1, got '{v}'")))?,
         };
         let (mut probability, mut state) = read_outputs(&outputs)?;
         let mut probabilities = vec![probability];
@@ -141,7 +143,10 @@ fn model_inputs(audio: &Audio, i: usize, state: &[f32]) -> Vec<Tensor> {
 /// The speech probability and the next state.
 fn read_outputs(outputs: &[Tensor]) -> Result<(f32, Vec<f32>), Error> {
     let find = |name: &str| {
-        outputs.iter().find(|t| t.name == name).ok_or_else(|| Error::internal(format!("the model returned no '{name}'")))
+        outputs
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::internal(format!("the model returned no '{name}'")))
     };
     let probability = *find("output")?.to_vec::<f32>()?.first().ok_or_else(|| Error::internal("empty 'output'"))?;
     let state = find("stateN")?.to_vec::<f32>()?;
@@ -167,7 +172,9 @@ fn segments(audio: &Audio, probabilities: &[f32], threshold: f32) -> Vec<(usize,
         if p >= threshold {
             silence_from = None;
             start.get_or_insert(at);
-        } else if p < quiet && let Some(s) = start {
+        } else if p < quiet
+            && let Some(s) = start
+        {
             let from = *silence_from.get_or_insert(at);
             if at + size - from >= min_silence {
                 if from - s >= min_speech {
