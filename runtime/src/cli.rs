@@ -255,6 +255,7 @@ impl ServeArgs {
                 memory_bytes: self.plugin_memory_limit,
                 call_timeout: Duration::from_millis(self.plugin_timeout_ms),
                 concurrency: self.plugin_concurrency.unwrap_or(cores),
+                instances: 0,
             },
             plugin_cache_dir: match &self.plugin_cache_dir {
                 Some(p) if p.as_os_str() == "none" => None,

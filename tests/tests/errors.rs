@@ -158,6 +158,34 @@ fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
 }
 
 #[test]
+fn a_model_sets_its_own_plugin_limits_and_traps_are_counted() {
+    let repo = tempfile::tempdir().unwrap();
+    repository_with_faulty_plugin(repo.path());
+    let config = repo.path().join("faulty/config.pbtxt");
+    let limits = r#"
+        parameters { key: "plugin.timeout_ms" value: { string_value: "100" } }
+        parameters { key: "plugin.memory_limit" value: { string_value: "64MiB" } }
+        parameters { key: "plugin.instances" value: { string_value: "1" } }"#;
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + limits).unwrap();
+    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "5000"]);
+    let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec());
+    assert_eq!(status, 500, "400 ms is over the model's own 100 ms: {body}");
+    assert!(error_of(&body).contains("time limit of 100 ms"), "{body}");
+    let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
+    assert_eq!(status, 200, "{body}");
+    let series = |family: &str| server.metric(&format!("{family}{{model=\"faulty\",version=\"1\"}}"));
+    assert_eq!(series("plinth_plugin_traps_total"), 1.0);
+    assert_eq!(series("plinth_plugin_instance_starts_total"), 2.0, "the first instance, and its replacement");
+
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap().replace("\"64MiB\"", "\"lots\"")).unwrap();
+    let strict = ["--model-control-mode", "explicit", "--strict-readiness", "false"];
+    let server = Server::start(repo.path(), &strict);
+    let (status, body) = server.post_json("/v2/repository/models/faulty/load", &json!({}));
+    assert_eq!(status, 400, "{body}");
+    assert!(error_of(&body).contains("'plugin.memory_limit' must be a size such as 512MiB, got 'lots'"), "{body}");
+}
+
+#[test]
 fn a_config_that_does_not_match_its_model_fails_only_that_model() {
     let repo = tempfile::tempdir().unwrap();
     copy_example_model("ocr_rec", repo.path());

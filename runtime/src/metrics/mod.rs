@@ -58,6 +58,8 @@ struct Families {
     request_seconds: HistogramVec,
     plugin_us: IntCounterVec,
     plugin_failures: IntCounterVec,
+    plugin_starts: IntCounterVec,
+    plugin_traps: IntCounterVec,
 }
 
 impl Metrics {
@@ -142,6 +144,16 @@ impl Metrics {
                 "Plugin calls that trapped, ran out of time or memory, or returned an internal error",
                 plugin_labels,
             ),
+            plugin_starts: counters(
+                "plinth_plugin_instance_starts_total",
+                "Plugin instances started: the first, and each one replacing an instance that trapped",
+                &["model", "version"],
+            ),
+            plugin_traps: counters(
+                "plinth_plugin_traps_total",
+                "Plugin calls that trapped (panicked, ran out of time or memory); the instance is replaced",
+                &["model", "version"],
+            ),
         };
         let resident_bytes = gauges(
             "plinth_model_resident_bytes",
@@ -187,6 +199,15 @@ impl Metrics {
                 plugin_failures: f.plugin_failures.clone(),
             },
         )
+    }
+
+    /// The plugin counters of a model version.
+    pub fn plugin_counters(&self, model: &str, version: u64) -> crate::plugin::PluginCounters {
+        let labels = [model, &version.to_string()];
+        crate::plugin::PluginCounters {
+            starts: self.inference.plugin_starts.with_label_values(&labels),
+            traps: self.inference.plugin_traps.with_label_values(&labels),
+        }
     }
 
     /// Records how long a version's load took (`nv_model_load_duration_secs`).

@@ -129,7 +129,9 @@ impl Model {
                     parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
                     metadata: backend.metadata().to_vec(),
                 };
-                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info)?))
+                let limits = rt.plugins.limits().for_model(|key| config::parameter(config, key).map(str::to_owned))?;
+                let counters = rt.metrics.plugin_counters(&dir.name, version);
+                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, counters)?))
             }
         };
         let metrics = rt.metrics.for_model(&dir.name, version);
@@ -355,6 +357,8 @@ fn load_plugin(
     file: &str,
     version_dir: &Path,
     info: ModelInfo,
+    limits: crate::plugin::PluginLimits,
+    counters: crate::plugin::PluginCounters,
 ) -> Result<Plugin, String> {
     let wasm = dir.path.join(file);
     if !wasm.exists() {
@@ -366,5 +370,5 @@ fn load_plugin(
     if !repository::is_within(&wasm, &dir.path) {
         return Err(format!("plugin '{file}' must be inside the model folder {}", dir.path.display()));
     }
-    host.load(&wasm, version_dir, info)
+    host.load(&wasm, version_dir, info, limits, counters)
 }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use tokio::sync::Semaphore;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
@@ -59,7 +60,10 @@ const STDERR_QUOTED: usize = 1024;
 pub const MODEL_MOUNT: &str = "/model";
 
 /// Resource limits applied to every plugin call. The defaults are those of
-/// `plinth serve`: 256 MiB, 2000 ms, one call per core.
+/// `plinth serve`: 256 MiB, 2000 ms, one call per core. A model may lower or
+/// raise its own memory and time limits and cap its instances with the
+/// `config.pbtxt` parameters `plugin.memory_limit`, `plugin.timeout_ms` and
+/// `plugin.instances` (see [`PluginLimits::for_model`]).
 #[derive(Clone, Copy, Debug)]
 pub struct PluginLimits {
     /// Largest linear memory one instance may grow to, in bytes.
@@ -69,6 +73,52 @@ pub struct PluginLimits {
     pub call_timeout: Duration,
     /// Plugin calls that run at the same time, across all models.
     pub concurrency: usize,
+    /// The most instances (and calls at once) of one model's plugin; 0 for
+    /// no limit beyond `concurrency`.
+    pub instances: usize,
+}
+
+impl PluginLimits {
+    /// These limits with a model's `plugin.memory_limit` (bytes, e.g.
+    /// `512MiB`), `plugin.timeout_ms` and `plugin.instances` parameters
+    /// applied.
+    ///
+    /// # Errors
+    /// A message naming the parameter whose value does not parse or is 0.
+    pub fn for_model(mut self, parameter: impl Fn(&str) -> Option<String>) -> Result<PluginLimits, String> {
+        let positive = |key: &str, value: &str| {
+            value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("parameter '{key}' must be a whole number above 0, got '{value}'"))
+        };
+        if let Some(v) = parameter("plugin.memory_limit") {
+            let bytes: bytesize::ByteSize = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("parameter 'plugin.memory_limit' must be a size such as 512MiB, got '{v}'"))?;
+            self.memory_bytes = usize::try_from(bytes.as_u64()).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = parameter("plugin.timeout_ms") {
+            self.call_timeout = Duration::from_millis(positive("plugin.timeout_ms", &v)?);
+        }
+        if let Some(v) = parameter("plugin.instances") {
+            self.instances = usize::try_from(positive("plugin.instances", &v)?).unwrap_or(usize::MAX);
+        }
+        Ok(self)
+    }
+}
+
+/// A model's plugin counters: instances started (the first, and each that
+/// replaces one that trapped) and calls that trapped.
+#[derive(Clone)]
+pub struct PluginCounters {
+    /// `plinth_plugin_instance_starts_total`.
+    pub starts: IntCounter,
+    /// `plinth_plugin_traps_total`.
+    pub traps: IntCounter,
 }
 
 impl Default for PluginLimits {
@@ -77,6 +127,7 @@ impl Default for PluginLimits {
             memory_bytes: 256 << 20,
             call_timeout: Duration::from_millis(2000),
             concurrency: std::thread::available_parallelism().map_or(1, usize::from),
+            instances: 0,
         }
     }
 }
@@ -166,6 +217,11 @@ impl PluginHost {
         Ok(PluginHost { engine, linker, limits, cache_dir, permits, models: Models::default() })
     }
 
+    /// The server-wide limits, which models' parameters adjust.
+    pub fn limits(&self) -> PluginLimits {
+        self.limits
+    }
+
     /// Where plugins' composed calls find models (connected once the
     /// server's lifecycle exists).
     pub fn models(&self) -> &Models {
@@ -180,7 +236,14 @@ impl PluginHost {
     /// A message naming the plugin when it cannot be read or compiled,
     /// implements none of the supported `plinth:plugin/handler` versions, or
     /// its `init` fails.
-    pub fn load(&self, wasm: &Path, model_dir: &Path, info: ModelInfo) -> Result<Plugin, String> {
+    pub fn load(
+        &self,
+        wasm: &Path,
+        model_dir: &Path,
+        info: ModelInfo,
+        limits: PluginLimits,
+        counters: PluginCounters,
+    ) -> Result<Plugin, String> {
         let file = wasm.file_name().map_or_else(|| wasm.display().to_string(), |f| f.to_string_lossy().into_owned());
         let label = format!("plugin '{file}' of model '{}'", info.name);
         let started = std::time::Instant::now();
@@ -202,7 +265,9 @@ impl PluginHost {
             models: self.models.clone(),
             info: convert::model_info(&info),
             model_dir: model_dir.to_path_buf(),
-            limits: self.limits,
+            limits,
+            slots: (limits.instances > 0).then(|| Arc::new(Semaphore::new(limits.instances))),
+            counters,
             idle: Mutex::new(Vec::new()),
             permits: self.permits.clone(),
         };
@@ -347,6 +412,9 @@ pub struct Plugin {
     info: wit::ModelInfo,
     model_dir: PathBuf,
     limits: PluginLimits,
+    /// `plugin.instances`: calls of this plugin at once, when capped.
+    slots: Option<Arc<Semaphore>>,
+    counters: PluginCounters,
     idle: Mutex<Vec<Instance>>,
     permits: Arc<Semaphore>,
 }
@@ -404,11 +472,12 @@ impl Plugin {
         nested: bool,
         f: impl FnOnce(&Plugin) -> Result<T, PluginError> + Send + 'static,
     ) -> Result<T, PluginError> {
-        let _permit = if nested {
-            None
-        } else {
-            Some(self.permits.acquire().await.map_err(|_| self.failed("the plugin host is shutting down"))?)
+        let closed = |_| self.failed("the plugin host is shutting down");
+        let _slot = match &self.slots {
+            Some(slots) => Some(slots.acquire().await.map_err(closed)?),
+            None => None,
         };
+        let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
         let this = self.clone();
         tokio::task::spawn_blocking(move || f(&this))
             .await
@@ -439,12 +508,16 @@ impl Plugin {
                     wit::Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
                 })
             }
-            Err(trap) => Err(self.trapped(export, &trap, &inst.stderr, stderr_before)),
+            Err(trap) => {
+                self.counters.traps.inc();
+                Err(self.trapped(export, &trap, &inst.stderr, stderr_before))
+            }
         }
     }
 
     /// Instantiates the component in a fresh store and calls `init`.
     fn start_instance(&self) -> Result<Instance, PluginError> {
+        self.counters.starts.inc();
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtx::builder();
         // No stdin, arguments or environment (the builder's defaults), no
