@@ -198,6 +198,7 @@ impl PluginHost {
     pub fn new(limits: PluginLimits, cache_dir: Option<PathBuf>) -> Result<PluginHost, String> {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool()));
         let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
@@ -307,6 +308,29 @@ impl PluginHost {
             None => Component::new(&self.engine, &bytes).map_err(|e| format!("cannot compile: {e}")),
         }
     }
+}
+
+/// The most instances alive at once across all plugins, warm ones included.
+const POOL_INSTANCES: u32 = 256;
+
+/// The pooling allocator's slots: starting an instance (the first of a
+/// model, one more under load, one replacing an instance that trapped)
+/// takes pre-reserved memory instead of mapping new. The sizes fit the
+/// plugins built with the SDK and componentize-py's Python components,
+/// which hold several core modules; a memory may grow to 4 GiB here, and
+/// each model's `plugin.memory_limit` caps it lower.
+fn pool() -> wasmtime::PoolingAllocationConfig {
+    let mut pool = wasmtime::PoolingAllocationConfig::new();
+    pool.total_component_instances(POOL_INSTANCES)
+        .total_core_instances(POOL_INSTANCES * 16)
+        .total_memories(POOL_INSTANCES * 4)
+        .total_tables(POOL_INSTANCES * 16)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(16)
+        .max_tables_per_component(64)
+        .table_elements(1 << 16)
+        .max_memory_size(4 << 30);
+    pool
 }
 
 /// The newest contract version whose handler `component` exports.
