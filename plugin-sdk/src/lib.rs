@@ -5,18 +5,64 @@
 //! answer (`postprocess`). Implement [`Plugin`] and register it with
 //! [`export_plugin!`]; build with `cargo build --release --target wasm32-wasip2`.
 //!
-//! ```ignore
-//! use plinth_plugin_sdk::{export_plugin, Error, ModelInfo, Plugin, Request, Tensor};
+//! # A worked example
 //!
-//! struct Echo;
-//! impl Plugin for Echo {
-//!     fn init(_info: &ModelInfo) -> Result<Self, Error> { Ok(Echo) }
+//! A sentiment model takes token ids `[batch, 16]` INT64 and returns logits
+//! `[batch, 2]`. Its plugin turns a JSON body `{"text": "..."}` into ids with
+//! a vocabulary file shipped in the version folder, and the logits into
+//! `{"label": "positive", "score": 0.93}`:
+//!
+//! ```ignore
+//! use plinth_plugin_sdk::{export_plugin, Error, ModelInfo, Plugin, Request, Response, Tensor};
+//!
+//! const LENGTH: usize = 16;
+//!
+//! struct Sentiment {
+//!     input: String,
+//!     vocabulary: std::collections::HashMap<String, i64>,
+//! }
+//!
+//! impl Plugin for Sentiment {
+//!     // Once per instance: check the model fits and read what is needed.
+//!     fn init(info: &ModelInfo) -> Result<Self, Error> {
+//!         let input = info.first_input()?;
+//!         if input.dims != [LENGTH as i64] {
+//!             return Err(Error::internal(format!("expected dims [16], got {:?}", input.dims)));
+//!         }
+//!         // The version folder is mounted read-only at /model.
+//!         let words = std::fs::read_to_string("/model/vocabulary.txt")
+//!             .map_err(|e| Error::internal(format!("cannot read the vocabulary: {e}")))?;
+//!         let vocabulary = words.lines().zip(0..).map(|(w, i)| (w.to_owned(), i)).collect();
+//!         Ok(Sentiment { input: input.name.clone(), vocabulary })
+//!     }
+//!
+//!     // A client's mistake is `bad_input` (HTTP 400), with the reason.
 //!     fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error> {
-//!         Ok(vec![Tensor::from_bytes_elements("INPUT", &[req.body.as_slice()])])
+//!         let body: serde_json::Value = serde_json::from_slice(&req.body)
+//!             .map_err(|e| Error::bad_input(format!("the body is not JSON: {e}")))?;
+//!         let text = body["text"].as_str().ok_or_else(|| Error::bad_input("expected {\"text\": \"...\"}"))?;
+//!         let mut ids: Vec<i64> = text.split_whitespace().map(|w| *self.vocabulary.get(w).unwrap_or(&1)).collect();
+//!         ids.resize(LENGTH, 0);
+//!         // The model batches, so one request is a batch of one row.
+//!         Ok(vec![Tensor::from_slice(&self.input, &[1, LENGTH as i64], &ids)])
+//!     }
+//!
+//!     fn postprocess(&mut self, _req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
+//!         let logits = outputs[0].to_vec::<f32>()?;
+//!         let positive = 1.0 / (1.0 + (logits[0] - logits[1]).exp());
+//!         let (label, score) = if positive >= 0.5 { ("positive", positive) } else { ("negative", 1.0 - positive) };
+//!         Ok(Response::json(&serde_json::json!({ "label": label, "score": score })))
 //!     }
 //! }
-//! export_plugin!(Echo);
+//!
+//! export_plugin!(Sentiment);
 //! ```
+//!
+//! `plinth plugin new NAME` writes such a crate, ready to build; put the
+//! `.wasm` in the model folder and name it in `config.pbtxt`
+//! (`parameters { key: "plugin" value: { string_value: "NAME.wasm" } }`).
+//! `plugins/` holds real ones: `ocr-cls` (image to tensor, probabilities to
+//! an angle), `ocr` (composition), `vad` (its own model run many times).
 //!
 //! A plugin may also run other models of the repository while it works:
 //! [`infer`] sends tensors through another model (or its own, e.g. once per
