@@ -4,6 +4,7 @@
 //! plugin serves a model; so does a plugin written in Python
 //! (`plugins/python-doubler`, built by componentize-py).
 
+use std::path::Path;
 use std::process::Command;
 
 use plinth_tests::{Server, add_model, binary, built_plugin, root};
@@ -13,6 +14,18 @@ fn plinth(args: &[&str]) -> (bool, String) {
     let out = Command::new(binary()).args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
+}
+
+/// Serves `doubler` (y = 2x on rows of 4, `tests/fixtures/slow_model.onnx`)
+/// behind the plugin `wasm`.
+fn serve_doubler(wasm: &Path) -> (tempfile::TempDir, Server) {
+    let repo = tempfile::tempdir().unwrap();
+    let file = wasm.file_name().unwrap().to_str().unwrap();
+    let config = format!(r#"max_batch_size: 4 parameters {{ key: "plugin" value: {{ string_value: "{file}" }} }}"#);
+    add_model(repo.path(), "doubler", &root().join("tests/fixtures/slow_model.onnx"), &config);
+    std::fs::copy(wasm, repo.path().join("doubler").join(file)).unwrap();
+    let server = Server::start(repo.path(), &[]);
+    (repo, server)
 }
 
 #[test]
@@ -34,12 +47,7 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
     let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
     assert!(ok && text.contains("built against plinth:plugin@0.2.0; this host runs it"), "{text}");
 
-    let repo = tempfile::tempdir().unwrap();
-    let config = r#"max_batch_size: 4
-        parameters { key: "plugin" value: { string_value: "doubler_io.wasm" } }"#;
-    add_model(repo.path(), "doubler", &root().join("tests/fixtures/slow_model.onnx"), config);
-    std::fs::copy(&wasm, repo.path().join("doubler/doubler_io.wasm")).unwrap();
-    let server = Server::start(repo.path(), &[]);
+    let (_repo, server) = serve_doubler(&wasm);
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1, 2, 3, 4] }));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outputs"][0]["data"], json!([2.0, 4.0, 6.0, 8.0]), "{body}");
@@ -62,12 +70,7 @@ fn a_plugin_written_in_python_serves_a_model() {
     let wasm = built_plugin("python_doubler.wasm");
     let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
     assert!(ok && text.contains("plinth:plugin@0.2.0"), "{text}");
-    let repo = tempfile::tempdir().unwrap();
-    let config = r#"max_batch_size: 4
-        parameters { key: "plugin" value: { string_value: "python_doubler.wasm" } }"#;
-    add_model(repo.path(), "doubler", &root().join("tests/fixtures/slow_model.onnx"), config);
-    std::fs::copy(&wasm, repo.path().join("doubler/python_doubler.wasm")).unwrap();
-    let server = Server::start(repo.path(), &[]);
+    let (_repo, server) = serve_doubler(&wasm);
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1.5, -2, 3, 4] }));
     assert_eq!((status, &body), (200, &json!({ "outputs": [3.0, -4.0, 6.0, 8.0] })));
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": "x" }));
