@@ -100,8 +100,8 @@ pub struct PredictTiming {
 impl Model {
     /// Loads version `version` of `dir` with `config`: builds the backend
     /// instances (ONNX Runtime sessions, TorchScript modules or connections
-    /// to a remote server), checks the configuration against the model file and starts
-    /// the plugin, if the configuration names one.
+    /// to a remote server), checks the configuration against the model and
+    /// starts the plugin, if the configuration names one.
     ///
     /// # Errors
     /// A message saying what failed: an unsupported platform, a missing or
