@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test bench bench-peers
+.PHONY: setup serve test bench bench-peers dist
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 # torch-sys links the slim libtorch that scripts/setup.sh unzips.
@@ -17,6 +17,10 @@ serve: setup
 test: setup
 	cargo test --release --workspace --all-features
 	.venv/bin/python -m pytest -q tests/python
+
+# The self-contained bundle in dist/plinth (binary, ONNX Runtime, libtorch).
+dist: setup
+	scripts/dist.sh
 
 # Benchmarks (bench/): /predict against the same pipeline in Python, latency
 # and failures while versions are swapped under load, residency, and the

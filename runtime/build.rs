@@ -4,9 +4,10 @@
 //! descriptor set is kept for prost-reflect's text-format parser.
 //!
 //! With the `libtorch` feature, also compiles `src/backend/empty_cache.cpp`
-//! against `$LIBTORCH/include` and records `$LIBTORCH/lib` as the binary's
-//! run path, so it starts without `LD_LIBRARY_PATH` (which, where set, still
-//! wins: that is how a machine's full PyTorch, with CUDA, is used instead).
+//! against `$LIBTORCH/include` and records `$ORIGIN/../lib` (the bundle of
+//! `make dist`) and `$LIBTORCH/lib` as the binary's run path, so it starts
+//! without `LD_LIBRARY_PATH` (which, where set, still wins: that is how a
+//! machine's full PyTorch, with CUDA, is used instead).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -35,6 +36,8 @@ fn libtorch() -> Result<(), Box<dyn std::error::Error>> {
         .warnings(false)
         .file("src/backend/empty_cache.cpp")
         .compile("plinth_empty_cache");
+    // The bundle's lib/ first (`make dist`), then the build machine's.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../lib");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", root.join("lib").display());
     Ok(())
 }

@@ -33,6 +33,17 @@ pub enum Command {
     /// Create or inspect plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Ask a running server whether it is ready (`/v2/health/ready`) or,
+    /// with --live, alive; exits 0 if so. For container health checks on
+    /// images without an HTTP client.
+    Health {
+        /// The server's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:8000")]
+        url: String,
+        /// Ask `/v2/health/live` instead.
+        #[arg(long)]
+        live: bool,
+    },
 }
 
 /// `plinth plugin` subcommands.

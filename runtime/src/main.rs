@@ -21,6 +21,7 @@ fn main() -> ExitCode {
             }))
         }
         Command::Plugin(PluginCommand::Check { file }) => finish(check_plugin(&file)),
+        Command::Health { url, live } => finish(health(&url, live)),
         Command::Check(args) => {
             init_logging(0, LogFormat::Default);
             match check(&args) {
@@ -45,6 +46,18 @@ fn check(args: &CheckArgs) -> Result<bool, String> {
         println!("ok: every model in the repository loads");
     }
     Ok(problems.is_empty())
+}
+
+/// Runs `plinth health`: one GET with a 2 s timeout.
+fn health(url: &str, live: bool) -> Result<(), String> {
+    let path = if live { "/v2/health/live" } else { "/v2/health/ready" };
+    let url = format!("{}{path}", url.trim_end_matches('/'));
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(2))).build().into();
+    match agent.get(&url).call() {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{url}: {e}")),
+    }
 }
 
 /// Runs `plinth plugin check`: prints the plugin's contract version.

@@ -95,7 +95,15 @@ impl Server {
     /// [`Server::start`] on HTTP port `http_port` (0: a free one), e.g. to
     /// restart a server where its clients expect it.
     pub fn start_on(http_port: u16, repository: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command.env("ORT_DYLIB_PATH", ort_dylib_path());
+        Server::spawn(command, http_port, repository, extra)
+    }
+
+    /// Starts `command` (a `plinth` binary with its environment) as
+    /// [`Server::start_on`] does.
+    pub fn spawn(mut command: Command, http_port: u16, repository: &Path, extra: &[&str]) -> Server {
+        let mut child = command
             .args([
                 "serve",
                 "--http-address",
@@ -110,7 +118,6 @@ impl Server {
             .arg("--model-repository")
             .arg(repository)
             .args(extra)
-            .env("ORT_DYLIB_PATH", ort_dylib_path())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -38,9 +38,10 @@ pub struct Runtimes {
 }
 
 impl Runtimes {
-    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`) when given,
-    /// libtorch when built with the `libtorch` feature, and the plugin
-    /// sandbox.
+    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`), or else from
+    /// `lib/libonnxruntime.so` beside the binary's folder (the bundle `make
+    /// dist` builds), libtorch when built with the `libtorch` feature, and
+    /// the plugin sandbox.
     ///
     /// # Errors
     /// A message when the given ONNX Runtime library cannot be loaded or
@@ -51,8 +52,8 @@ impl Runtimes {
         plugin_cache_dir: Option<std::path::PathBuf>,
     ) -> Result<Runtimes, String> {
         Ok(Runtimes {
-            onnx: match ort_dylib {
-                Some(path) => Some(OnnxRuntime::init(path)?),
+            onnx: match ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime) {
+                Some(path) => Some(OnnxRuntime::init(&path)?),
                 None => {
                     tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
                     None
@@ -64,6 +65,13 @@ impl Runtimes {
             metrics: Arc::new(Metrics::new()),
         })
     }
+}
+
+/// `../lib/libonnxruntime.so` relative to the running binary, if it exists.
+fn bundled_onnxruntime() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let lib = exe.parent()?.parent()?.join("lib/libonnxruntime.so");
+    lib.is_file().then_some(lib)
 }
 
 /// A model version that is loaded and can serve.
