@@ -111,12 +111,14 @@ with zipfile.ZipFile(wheel) as z:
             (out / name).write_bytes(z.read(f"sklearn/datasets/images/{name}"))
 PY
 
-step "KServe Python model server (kserve==0.21.0) in .cache/bench/kserve"
+step "KServe Python model server and SDK (kserve==0.21.0) in .cache/bench/kserve"
 # A real KServe v2 peer for the remote backend's test; bench/peers uses it too.
-if [[ ! -f .cache/bench/kserve/.done ]]; then
+# kubernetes-validate checks the manifests in deploy/ with the KServe SDK's models.
+kserve_packages="kserve==0.21.0 onnxruntime==1.31.1 kubernetes-validate==1.37.0"
+if [[ ! -f .cache/bench/kserve/.done || $(cat .cache/bench/kserve/.done) != "$kserve_packages" ]]; then
     python3 -m venv .cache/bench/kserve
-    .cache/bench/kserve/bin/python -m pip install --quiet kserve==0.21.0 onnxruntime==1.31.1
-    touch .cache/bench/kserve/.done
+    .cache/bench/kserve/bin/python -m pip install --quiet $kserve_packages
+    echo "$kserve_packages" > .cache/bench/kserve/.done
 fi
 
 step "Silero VAD (silero-vad==6.2.3) in model_repository/vad"

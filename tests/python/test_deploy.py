@@ -1,0 +1,55 @@
+"""The manifests in deploy/ validate against the Kubernetes API schemas
+(kubernetes-validate) and the KServe SDK's resource models (deploy/validate.py,
+run in the venv with kserve), without a cluster; a misspelt field is caught;
+and the probes and grace period say what the runtime does."""
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+PYTHON = ROOT / ".cache/bench/kserve/bin/python"
+MANIFESTS = sorted((ROOT / "deploy").glob("*/*.yaml"))
+
+
+def validate(*paths):
+    return subprocess.run([PYTHON, ROOT / "deploy/validate.py", *paths], capture_output=True, text=True)
+
+
+def test_every_manifest_validates():
+    result = validate(*MANIFESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    kinds = re.findall(r"\((\w+)\)", result.stdout)
+    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "Service"], result.stdout
+
+
+@pytest.mark.parametrize("file, right, wrong, message", [
+    ("kserve/cluster-serving-runtime.yaml", "multiModel: true", "multiModell: true", "has no field 'multiModell'"),
+    ("kserve/cluster-serving-runtime.yaml", "failureThreshold: 120", "failureTreshold: 120", "failureTreshold"),
+    ("kserve/inference-service.yaml", "runtime: plinth", "runtimes: plinth", "has no field 'runtimes'"),
+    ("kubernetes/deployment.yaml", "periodSeconds: 10", "periodSecond: 10", "periodSecond"),
+])
+def test_a_misspelt_field_is_caught(tmp_path, file, right, wrong, message):
+    text = (ROOT / "deploy" / file).read_text()
+    assert right in text
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text.replace(right, wrong, 1))
+    result = validate(broken)
+    assert result.returncode != 0 and message in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_probes_and_grace_period_match_the_runtime():
+    deployment, _ = yaml.safe_load_all((ROOT / "deploy/kubernetes/deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    runtime = yaml.safe_load((ROOT / "deploy/kserve/cluster-serving-runtime.yaml").read_text())
+    for container in [pod["containers"][0], runtime["spec"]["containers"][0]]:
+        assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "a long first load is allowed"
+        exit_timeout = next(int(a.split("=")[1]) for a in container["args"] if a.startswith("--exit-timeout-secs="))
+        if container is pod["containers"][0]:
+            assert pod["terminationGracePeriodSeconds"] > exit_timeout
