@@ -156,6 +156,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30)]
     pub exit_timeout_secs: u64,
 
+    /// Seconds the server, no longer ready after SIGTERM/SIGINT, still
+    /// accepts new requests, while load balancers stop sending them
+    /// (a rolling update's overlap; 0: refuse at once).
+    #[arg(long, default_value_t = 0.0)]
+    pub drain_delay_secs: f64,
+
     /// Address the HTTP server binds.
     #[arg(long, default_value = "0.0.0.0")]
     pub http_address: std::net::IpAddr,
@@ -257,6 +263,9 @@ impl ServeArgs {
             repository_poll: Duration::from_secs(self.repository_poll_secs),
             load_models: self.load_models.clone(),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            drain_delay: Duration::try_from_secs_f64(self.drain_delay_secs).map_err(|_| {
+                format!("--drain-delay-secs must be a number of seconds, got {}", self.drain_delay_secs)
+            })?,
             http_address: self.http_address,
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,

@@ -50,6 +50,7 @@ def test_probes_and_grace_period_match_the_runtime():
         assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
         startup = container["startupProbe"]
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "a long first load is allowed"
-        exit_timeout = next(int(a.split("=")[1]) for a in container["args"] if a.startswith("--exit-timeout-secs="))
+        flag = lambda name: next(float(a.split("=")[1]) for a in container["args"] if a.startswith(f"--{name}="))
         if container is pod["containers"][0]:
-            assert pod["terminationGracePeriodSeconds"] > exit_timeout
+            # SIGKILL comes after the grace period: draining and finishing must fit.
+            assert pod["terminationGracePeriodSeconds"] > flag("drain-delay-secs") + flag("exit-timeout-secs")

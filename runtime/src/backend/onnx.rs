@@ -14,9 +14,8 @@ use super::{Backend, BackendError, ModelIo};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// How to get the ONNX Runtime library, for error messages.
-pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. \
-    .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 \
-    (`make setup` installs it)";
+pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. .venv/libonnxruntime.so \
+    (`make setup` installs it), or run the bundle of `make dist`";
 
 /// The loaded ONNX Runtime library; creates sessions.
 pub struct OnnxRuntime {

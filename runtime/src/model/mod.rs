@@ -137,7 +137,9 @@ impl Model {
                     parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
                     metadata: backend.metadata().to_vec(),
                 };
-                let limits = rt.plugins.limits().for_model(|key| config::parameter(config, key).map(str::to_owned))?;
+                let keys: Vec<&str> = config.parameters.keys().map(String::as_str).collect();
+                let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);
+                let limits = rt.plugins.limits().for_model(&keys, parameter)?;
                 let counters = rt.metrics.plugin_counters(&dir.name, version);
                 Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, counters)?))
             }

@@ -42,12 +42,15 @@ impl Models {
 pub struct Composition {
     pub(super) models: Models,
     pub(super) chain: Vec<String>,
+    /// Time spent in composed calls since the deadline was last extended:
+    /// the callee's work does not count against this plugin's time limit.
+    pub(super) host_time: std::time::Duration,
 }
 
 impl Composition {
     /// `plinth:plugin/inference.infer`: tensors through `model`'s scheduler.
     pub fn infer(
-        &self,
+        &mut self,
         model: &str,
         version: Option<u64>,
         inputs: Vec<wit::Tensor>,
@@ -59,14 +62,22 @@ impl Composition {
             let callee = lifecycle.resolve(model, version).await?;
             callee.infer(inputs, &outputs, RequestOptions::default()).await
         };
-        let (outputs, _) = block_on(run).map_err(|e| self.callee_error(model, e))?;
+        let started = std::time::Instant::now();
+        let result = block_on(run);
+        self.host_time += started.elapsed();
+        let (outputs, _) = result.map_err(|e| self.callee_error(model, e))?;
         Ok(outputs.into_iter().map(super::convert::tensor_to_wit).collect())
     }
 
     /// `plinth:plugin/inference.predict`: a raw request through `model`'s
     /// plugin and model, refused when it would close a cycle or exceed
     /// [`MAX_DEPTH`].
-    pub fn predict(&self, model: &str, version: Option<u64>, req: wit::Request) -> Result<wit::Response, wit::Error> {
+    pub fn predict(
+        &mut self,
+        model: &str,
+        version: Option<u64>,
+        req: wit::Request,
+    ) -> Result<wit::Response, wit::Error> {
         if self.chain.iter().any(|m| m == model) {
             let path = self.chain.join(" → ");
             return Err(wit::Error::Internal(format!(
@@ -85,7 +96,10 @@ impl Composition {
             let callee = lifecycle.resolve(model, version).await?;
             callee.predict_within(req, &self.chain).await
         };
-        let (response, _) = block_on(run).map_err(|e| self.callee_error(model, e))?;
+        let started = std::time::Instant::now();
+        let result = block_on(run);
+        self.host_time += started.elapsed();
+        let (response, _) = result.map_err(|e| self.callee_error(model, e))?;
         Ok(wit::Response { content_type: response.content_type, body: response.body })
     }
 

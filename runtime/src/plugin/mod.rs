@@ -80,12 +80,23 @@ pub struct PluginLimits {
 
 impl PluginLimits {
     /// These limits with a model's `plugin.memory_limit` (bytes, e.g.
-    /// `512MiB`), `plugin.timeout_ms` and `plugin.instances` parameters
-    /// applied.
+    /// `512MiB`, at most 4 GiB), `plugin.timeout_ms` (at most 10 minutes)
+    /// and `plugin.instances` parameters applied; a model's value wins over
+    /// the server-wide one, higher or lower. `keys` are all the model's
+    /// parameter names, so a misspelt `plugin.*` key is caught.
     ///
     /// # Errors
-    /// A message naming the parameter whose value does not parse or is 0.
-    pub fn for_model(mut self, parameter: impl Fn(&str) -> Option<String>) -> Result<PluginLimits, String> {
+    /// A message naming the parameter that is unknown, does not parse, is 0
+    /// or over its maximum.
+    pub fn for_model(
+        mut self,
+        keys: &[&str],
+        parameter: impl Fn(&str) -> Option<String>,
+    ) -> Result<PluginLimits, String> {
+        let known = ["plugin.memory_limit", "plugin.timeout_ms", "plugin.instances"];
+        if let Some(unknown) = keys.iter().find(|k| k.starts_with("plugin.") && !known.contains(k)) {
+            return Err(format!("unknown parameter '{unknown}'; the plugin limits are {known:?}"));
+        }
         let positive = |key: &str, value: &str| {
             value
                 .trim()
@@ -99,13 +110,24 @@ impl PluginLimits {
                 .trim()
                 .parse()
                 .map_err(|_| format!("parameter 'plugin.memory_limit' must be a size such as 512MiB, got '{v}'"))?;
-            self.memory_bytes = usize::try_from(bytes.as_u64()).unwrap_or(usize::MAX);
+            if bytes.as_u64() > MAX_MEMORY_BYTES as u64 {
+                return Err(format!("parameter 'plugin.memory_limit' is {v}; a plugin's memory can be at most 4GiB"));
+            }
+            self.memory_bytes = bytes.as_u64() as usize;
         }
         if let Some(v) = parameter("plugin.timeout_ms") {
-            self.call_timeout = Duration::from_millis(positive("plugin.timeout_ms", &v)?);
+            let ms = positive("plugin.timeout_ms", &v)?;
+            if ms > MAX_TIMEOUT_MS {
+                return Err(format!("parameter 'plugin.timeout_ms' is {ms}; at most {MAX_TIMEOUT_MS} (10 minutes)"));
+            }
+            self.call_timeout = Duration::from_millis(ms);
         }
         if let Some(v) = parameter("plugin.instances") {
-            self.instances = usize::try_from(positive("plugin.instances", &v)?).unwrap_or(usize::MAX);
+            let n = positive("plugin.instances", &v)?;
+            if n > u64::from(POOL_INSTANCES) {
+                return Err(format!("parameter 'plugin.instances' is {n}; at most {POOL_INSTANCES}"));
+            }
+            self.instances = n as usize;
         }
         Ok(self)
     }
@@ -310,6 +332,11 @@ impl PluginHost {
     }
 }
 
+/// The largest `plugin.memory_limit`: a 32-bit linear memory's size.
+const MAX_MEMORY_BYTES: usize = 4 << 30;
+/// The longest `plugin.timeout_ms`: 10 minutes.
+const MAX_TIMEOUT_MS: u64 = 600_000;
+
 /// The most instances alive at once across all plugins, warm ones included.
 const POOL_INSTANCES: u32 = 256;
 
@@ -329,7 +356,7 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
         .max_memories_per_component(16)
         .max_tables_per_component(64)
         .table_elements(1 << 16)
-        .max_memory_size(4 << 30);
+        .max_memory_size(MAX_MEMORY_BYTES);
     pool
 }
 
@@ -521,7 +548,8 @@ impl Plugin {
             Some(inst) => inst,
             None => self.start_instance()?,
         };
-        inst.store.data_mut().composition.chain = chain;
+        let composition = &mut inst.store.data_mut().composition;
+        (composition.chain, composition.host_time) = (chain, Duration::ZERO);
         let stderr_before = inst.stderr.contents().len();
         inst.store.set_epoch_deadline(self.deadline_ticks());
         match f(&mut inst) {
@@ -550,11 +578,20 @@ impl Plugin {
         wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
             .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
         let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
-        let composition = Composition { models: self.models.clone(), chain: Vec::new() };
+        let composition = Composition { models: self.models.clone(), chain: Vec::new(), host_time: Duration::ZERO };
         let state = InstanceState { wasi: wasi.build(), table: ResourceTable::new(), limits, composition };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
+        // At the deadline, time spent in composed calls (other models'
+        // work) is given back; only the plugin's own time counts.
+        store.epoch_deadline_callback(|mut ctx| {
+            let owed = std::mem::take(&mut ctx.data_mut().composition.host_time);
+            match (owed.as_micros() / EPOCH_TICK.as_micros()) as u64 {
+                0 => Ok(wasmtime::UpdateDeadline::Interrupt),
+                ticks => Ok(wasmtime::UpdateDeadline::Continue(ticks)),
+            }
+        });
         let bindings = match &self.pre {
             Pre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
             Pre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),

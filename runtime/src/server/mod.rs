@@ -60,6 +60,9 @@ pub struct ServeOptions {
     pub strict_readiness: bool,
     /// How long accepted requests may take to finish after SIGTERM/SIGINT.
     pub exit_timeout: Duration,
+    /// `--drain-delay-secs`: how long after SIGTERM/SIGINT the server, no
+    /// longer ready, still takes new requests.
+    pub drain_delay: Duration,
     /// Path of `libonnxruntime.so` (`ORT_DYLIB_PATH`).
     pub ort_dylib_path: Option<PathBuf>,
     /// Memory, time and concurrency limits of plugin calls.
@@ -76,8 +79,10 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     /// Set once the start-up loads have been tried.
     pub startup_done: AtomicBool,
-    /// Set at SIGTERM/SIGINT: not ready, no new inference.
+    /// Set at SIGTERM/SIGINT: not ready.
     pub shutting_down: AtomicBool,
+    /// Set `--drain-delay-secs` after SIGTERM/SIGINT: no new inference.
+    pub refusing: AtomicBool,
     /// Inference requests accepted and not yet answered.
     pub in_flight: AtomicUsize,
     /// `--strict-readiness`: ready only when every model is READY.
@@ -100,11 +105,11 @@ impl AppState {
     /// Counts an inference request in flight until the guard drops.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] once shutdown has begun.
+    /// [`Error::Unavailable`] once shutdown has stopped taking requests.
     fn begin_inference(&self) -> Result<InFlight<'_>, Error> {
         let guard = InFlight::enter(&self.in_flight);
         // Checked after counting, so shutdown never misses a request it let in.
-        if self.shutting_down.load(Ordering::Acquire) {
+        if self.refusing.load(Ordering::Acquire) {
             return Err(Error::Unavailable("the server is shutting down".into()));
         }
         Ok(guard)
@@ -251,6 +256,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         lifecycle: lifecycle.clone(),
         startup_done: AtomicBool::new(false),
         shutting_down: AtomicBool::new(false),
+        refusing: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         strict_readiness: opts.strict_readiness,
         max_body_bytes: opts.http_max_body_bytes,
@@ -285,7 +291,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
 
     shutdown_signal().await;
     state.shutting_down.store(true, Ordering::Release);
-    tracing::info!("shutting down: not ready, refusing new inference, finishing accepted requests");
+    // Not ready from now on, but still serving for the drain delay: load
+    // balancers take a moment to notice, and what they send meanwhile
+    // must not fail.
+    if !opts.drain_delay.is_zero() {
+        tracing::info!(
+            seconds = opts.drain_delay.as_secs_f64(),
+            "shutting down: not ready, still serving for the drain delay"
+        );
+        tokio::time::sleep(opts.drain_delay).await;
+    }
+    state.refusing.store(true, Ordering::Release);
+    tracing::info!("shutting down: refusing new inference, finishing accepted requests");
     background.abort();
     let deadline = Instant::now() + opts.exit_timeout;
     while state.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
