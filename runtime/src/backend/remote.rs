@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::{Backend, BackendError, ModelIo};
 use crate::config::{self, ModelConfig, Signature};
+use crate::server::binary;
 use crate::server::v2_json::InputTensor;
 use crate::tensor::{DataType, Tensor};
 
@@ -429,19 +430,18 @@ fn decode(header_length: Option<usize>, body: &[u8], expected: &[ModelIo]) -> Re
     let response: Response = serde_json::from_slice(header).map_err(|e| format!("not KServe v2 JSON: {e}"))?;
     let mut tensors = Vec::with_capacity(response.outputs.len());
     for output in response.outputs {
-        let tensor = match output.parameters.get("binary_data_size").and_then(Value::as_u64) {
-            None => output.into_tensor().map_err(|e| e.to_string())?,
+        // The same reading as a request's inputs: binary data in order, or JSON.
+        let tensor = match binary::binary_size(&output).map_err(|e| e.to_string())? {
+            None => output.into_tensor(),
             Some(size) => {
-                let datatype = DataType::from_name(&output.datatype)
-                    .ok_or_else(|| format!("output '{}' has unknown datatype '{}'", output.name, output.datatype))?;
                 let (data, rest) = binary
-                    .split_at_checked(size as usize)
+                    .split_at_checked(size)
                     .ok_or_else(|| format!("output '{}' has more binary data than the body", output.name))?;
                 binary = rest;
-                Tensor { name: output.name, datatype, shape: output.shape, data: data.to_vec() }
+                binary::binary_tensor(output, data.to_vec())
             }
-        };
-        tensor.check_data()?;
+        }
+        .map_err(|e| e.to_string())?;
         tensors.push(tensor);
     }
     for o in expected {

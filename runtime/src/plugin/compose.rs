@@ -62,10 +62,7 @@ impl Composition {
             let callee = lifecycle.resolve(model, version).await?;
             callee.infer(inputs, &outputs, RequestOptions::default()).await
         };
-        let started = std::time::Instant::now();
-        let result = block_on(run);
-        self.host_time += started.elapsed();
-        let (outputs, _) = result.map_err(|e| self.callee_error(model, e))?;
+        let (outputs, _) = self.block_on(run).map_err(|e| self.callee_error(model, e))?;
         Ok(outputs.into_iter().map(super::convert::tensor_to_wit).collect())
     }
 
@@ -92,15 +89,24 @@ impl Composition {
         }
         let lifecycle = self.models.lifecycle()?;
         let req = RawRequest { content_type: req.content_type, body: req.body, parameters: req.parameters };
-        let run = async {
+        let chain = self.chain.clone();
+        let run = async move {
             let callee = lifecycle.resolve(model, version).await?;
-            callee.predict_within(req, &self.chain).await
+            callee.predict_within(req, &chain).await
         };
-        let started = std::time::Instant::now();
-        let result = block_on(run);
-        self.host_time += started.elapsed();
-        let (response, _) = result.map_err(|e| self.callee_error(model, e))?;
+        let (response, _) = self.block_on(run).map_err(|e| self.callee_error(model, e))?;
         Ok(wit::Response { content_type: response.content_type, body: response.body })
+    }
+
+    /// Drives `future` to completion from the plugin's blocking thread and
+    /// counts the time in [`Composition::host_time`].
+    fn block_on<T>(&mut self, future: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("composed calls need the server's runtime".to_owned()))?;
+        let started = std::time::Instant::now();
+        let result = handle.block_on(future);
+        self.host_time += started.elapsed();
+        result
     }
 
     /// The callee's error as a value for the plugin: the request's fault
@@ -112,11 +118,4 @@ impl Composition {
             _ => wit::Error::Internal(message),
         }
     }
-}
-
-/// Drives `future` to completion from a plugin's blocking thread.
-fn block_on<T>(future: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
-    let handle = tokio::runtime::Handle::try_current()
-        .map_err(|_| Error::Internal("composed calls need the server's runtime".to_owned()))?;
-    handle.block_on(future)
 }

@@ -105,8 +105,9 @@ fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, 
     Ok(Decoded { request, tensors })
 }
 
-/// The input's `binary_data_size` parameter, if it has one.
-fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
+/// The input's `binary_data_size` parameter, if it has one. Also reads the
+/// outputs of a remote server's response, which have the same fields.
+pub(crate) fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
     match input.parameters.get("binary_data_size") {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
@@ -115,7 +116,9 @@ fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
     }
 }
 
-fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
+/// The tensor `input` describes, holding the binary `data` that followed
+/// the JSON header.
+pub(crate) fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
     let datatype =
         request_datatype(&input.datatype, &input.shape).map_err(|m| bad(format!("input '{}': {m}", input.name)))?;
     let tensor = Tensor { name: input.name, datatype, shape: input.shape, data };

@@ -1,7 +1,7 @@
 //! The HTTP server: KServe v2 routes on axum, started by [`serve`], with
 //! repository polling and graceful shutdown.
 
-mod binary;
+pub(crate) mod binary;
 mod error;
 mod grpc;
 mod routes;
