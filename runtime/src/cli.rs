@@ -95,13 +95,19 @@ pub enum ModelControlMode {
     /// `--model-memory-budget` / `--max-loaded-models`.
     #[value(name = "on_demand")]
     OnDemand,
+    /// ModelMesh decides: models load and unload through the
+    /// `mmesh.ModelRuntime` gRPC service, from the paths it gives, under its
+    /// model ids; nothing is evicted, and `--model-memory-budget` only
+    /// refuses loads that do not fit. No `--model-repository`.
+    #[value(name = "modelmesh")]
+    ModelMesh,
 }
 
 /// Flags of `plinth serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// A model repository folder (repeat for several).
-    #[arg(long = "model-repository", required = true, value_name = "PATH")]
+    /// A model repository folder (repeat for several; none in modelmesh mode).
+    #[arg(long = "model-repository", value_name = "PATH")]
     pub model_repositories: Vec<PathBuf>,
 
     /// How the loaded models change after start.
@@ -118,7 +124,8 @@ pub struct ServeArgs {
     #[arg(long = "load-model", value_name = "NAME")]
     pub load_models: Vec<String>,
 
-    /// On-demand mode: host memory for all resident models, e.g. 2GiB.
+    /// On-demand and modelmesh mode: host memory for all resident models,
+    /// e.g. 2GiB (modelmesh default: three quarters of the memory limit).
     #[arg(long, value_parser = parse_bytes)]
     pub model_memory_budget: Option<usize>,
 
@@ -131,7 +138,8 @@ pub struct ServeArgs {
     pub model_load_concurrency: Option<usize>,
 
     /// On-demand mode: seconds a request waits for its model to load
-    /// before it gets 503 (the load goes on).
+    /// before it gets 503 (the load goes on). Modelmesh mode: the load
+    /// timeout reported to ModelMesh.
     #[arg(long, default_value_t = 60)]
     pub model_load_timeout_secs: u64,
 
@@ -238,11 +246,25 @@ impl ServeArgs {
                 "--load-model needs --model-control-mode=explicit or on_demand (the others load every model)".into()
             );
         }
+        let mesh = self.model_control_mode == ModelControlMode::ModelMesh;
+        match (mesh, self.model_repositories.is_empty()) {
+            (true, false) => {
+                return Err("--model-control-mode=modelmesh takes no --model-repository: \
+                            ModelMesh names each model's path"
+                    .into());
+            }
+            (false, true) => return Err("--model-repository is required (repeat it for several repositories)".into()),
+            _ => {}
+        }
         let budgeted = self.model_memory_budget.is_some() || self.max_loaded_models.is_some();
-        if budgeted && self.model_control_mode != ModelControlMode::OnDemand {
+        if budgeted && !matches!(self.model_control_mode, ModelControlMode::OnDemand | ModelControlMode::ModelMesh) {
             return Err("--model-memory-budget and --max-loaded-models need --model-control-mode=on_demand, \
-                        where models leave memory and come back on the next request"
+                        where models leave memory and come back on the next request \
+                        (or, for the budget, modelmesh)"
                 .into());
+        }
+        if mesh && self.max_loaded_models.is_some() {
+            return Err("--max-loaded-models does not apply in modelmesh mode: ModelMesh counts by bytes".into());
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Ok(ServeOptions {
@@ -252,11 +274,15 @@ impl ServeArgs {
                 ModelControlMode::Poll => ControlMode::Poll,
                 ModelControlMode::Explicit => ControlMode::Explicit,
                 ModelControlMode::OnDemand => ControlMode::OnDemand,
+                ModelControlMode::ModelMesh => ControlMode::ModelMesh,
             },
             load_limits: LoadLimits {
                 concurrency: self.model_load_concurrency.unwrap_or(cores),
                 timeout: Duration::from_secs(self.model_load_timeout_secs),
-                budget: Budget { bytes: self.model_memory_budget.map(|b| b as u64), models: self.max_loaded_models },
+                budget: Budget {
+                    bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),
+                    models: self.max_loaded_models,
+                },
             },
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
             grpc_port: self.allow_grpc.then_some(self.grpc_port),
@@ -284,6 +310,13 @@ impl ServeArgs {
             },
         })
     }
+}
+
+/// Modelmesh mode without `--model-memory-budget`: three quarters of the
+/// memory the process may use, leaving the rest to the runtime itself and to
+/// requests.
+fn default_mesh_budget() -> u64 {
+    crate::residency::memory_limit() / 4 * 3
 }
 
 fn default_cache_dir() -> Option<PathBuf> {

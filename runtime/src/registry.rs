@@ -206,6 +206,12 @@ impl Registry {
         models
     }
 
+    /// Drops every trace of `name`, after [`Registry::unload`]: it is no
+    /// longer listed (modelmesh mode, where an unloaded model id is gone).
+    pub fn forget(&self, name: &str) {
+        self.models.write().expect("registry lock").remove(name);
+    }
+
     /// Whether `name` has a READY version.
     pub fn has_ready(&self, name: &str) -> bool {
         let models = self.models.read().expect("registry lock");

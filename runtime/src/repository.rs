@@ -142,12 +142,14 @@ impl Fingerprint {
 fn collect(dir: &Path, recursive: bool, files: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
-        let Ok(meta) = entry.metadata() else { continue };
-        if meta.is_dir() {
+        // A link to a file counts as the file (ModelMesh's puller and
+        // staging link weights); links to folders are not followed.
+        let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
             if recursive {
                 collect(&entry.path(), true, files);
             }
-        } else {
+        } else if meta.is_file() {
             files.push((entry.path(), meta.len(), meta.modified().ok()));
         }
     }

@@ -88,6 +88,26 @@ impl Residency {
         }
     }
 
+    /// Whether `bytes` for `name` fit beside the other resident models
+    /// without evicting any (modelmesh mode, where ModelMesh evicts).
+    ///
+    /// # Errors
+    /// A message with the size and the room left.
+    pub fn check_free(&self, name: &str, bytes: u64) -> Result<(), String> {
+        let Some(budget) = self.budget.bytes else { return Ok(()) };
+        let mut state = self.state.lock().expect("residency lock");
+        let others: u64 = state.lru().iter().filter(|(n, _)| n.as_str() != name).map(|(_, r)| r.bytes).sum();
+        if others + bytes <= budget {
+            return Ok(());
+        }
+        Err(format!(
+            "model '{name}' needs {} but only {} of the {} --model-memory-budget is free",
+            human(bytes),
+            human(budget.saturating_sub(others)),
+            human(budget)
+        ))
+    }
+
     /// The models to evict, least recently used first, so that `incoming`
     /// (not resident, or resident already) with `bytes` fits both budgets.
     /// Pinned models are never chosen; `busy` ones only once no idle one is
@@ -145,6 +165,22 @@ pub fn process_rss() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
+/// The memory this process may use, in bytes: its cgroup's limit (v2
+/// `memory.max`, or v1 `memory.limit_in_bytes`) where one is set, else the
+/// machine's `MemTotal`.
+pub fn memory_limit() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok();
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        })
+        .map_or(u64::MAX, |kib: u64| kib * 1024);
+    let cgroup = read("/sys/fs/cgroup/memory.max").or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"));
+    // An unlimited v1 cgroup reads as a huge number, not "max".
+    cgroup.map_or(total, |limit| limit.min(total))
+}
+
 /// Hands memory that freed allocations left in the C heap back to the
 /// operating system, so an eviction lowers the process's resident size.
 pub fn release_freed_memory() {
@@ -194,6 +230,18 @@ mod tests {
         counted.admit("b", Resident { bytes: 1, pinned: false });
         assert_eq!(counted.victims("c", 1, |_| false), ["a"]);
         assert_eq!(counted.victims("b", 1, |_| false), Vec::<String>::new(), "a resident model needs no room");
+    }
+
+    #[test]
+    fn check_free_counts_the_others_and_evicts_nothing() {
+        let r = manager(25 * MIB);
+        r.admit("a", Resident { bytes: 10 * MIB, pinned: false });
+        r.admit("b", Resident { bytes: 10 * MIB, pinned: false });
+        assert!(r.check_free("c", 5 * MIB).is_ok());
+        assert!(r.check_free("c", 6 * MIB).unwrap_err().contains("only 5.0 MiB of the 25.0 MiB"));
+        assert!(r.check_free("b", 15 * MIB).is_ok(), "its own bytes are not counted twice");
+        assert_eq!(r.used(), 20 * MIB);
+        assert!(memory_limit() > 0);
     }
 
     #[test]

@@ -19,14 +19,16 @@ class Plinth:
     HTTP, gRPC and metrics addresses (host:port)."""
 
     def __init__(self, repository, *extra):
+        """Serves `repository` (None: no --model-repository, for modelmesh mode)."""
         binary = pathlib.Path(os.environ.get("PLINTH_BIN", ROOT / "target/release/plinth"))
         assert binary.is_file(), f"{binary} is missing: run `make setup` first"
-        self.repository = pathlib.Path(repository)
+        self.repository = repository and pathlib.Path(repository)
+        repository_flags = ["--model-repository", str(repository)] if repository else []
         env = dict(os.environ)
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".venv/libonnxruntime.so"))
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
-             "--model-repository", str(repository), *extra],
+             *repository_flags, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         threading.Thread(target=self._read_log, daemon=True).start()

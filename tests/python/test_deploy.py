@@ -23,7 +23,8 @@ def test_every_manifest_validates():
     result = validate(*MANIFESTS)
     assert result.returncode == 0, result.stdout + result.stderr
     kinds = re.findall(r"\((\w+)\)", result.stdout)
-    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "Service"], result.stdout
+    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "Service", "ServingRuntime"], \
+        result.stdout
 
 
 @pytest.mark.parametrize("file, right, wrong, message", [
@@ -31,6 +32,7 @@ def test_every_manifest_validates():
     ("kserve/cluster-serving-runtime.yaml", "failureThreshold: 120", "failureTreshold: 120", "failureTreshold"),
     ("kserve/inference-service.yaml", "runtime: plinth", "runtimes: plinth", "has no field 'runtimes'"),
     ("kubernetes/deployment.yaml", "periodSeconds: 10", "periodSecond: 10", "periodSecond"),
+    ("modelmesh/serving-runtime.yaml", "grpcDataEndpoint:", "grpcDataEndPoint:", "has no field 'grpcDataEndPoint'"),
 ])
 def test_a_misspelt_field_is_caught(tmp_path, file, right, wrong, message):
     text = (ROOT / "deploy" / file).read_text()
@@ -54,3 +56,14 @@ def test_probes_and_grace_period_match_the_runtime():
         if container is pod["containers"][0]:
             # SIGKILL comes after the grace period: draining and finishing must fit.
             assert pod["terminationGracePeriodSeconds"] > flag("drain-delay-secs") + flag("exit-timeout-secs")
+
+
+def test_the_modelmesh_runtime_serves_both_endpoints_on_its_grpc_port():
+    runtime = yaml.safe_load((ROOT / "deploy/modelmesh/serving-runtime.yaml").read_text())
+    spec = runtime["spec"]
+    args = spec["containers"][0]["args"]
+    assert "--model-control-mode=modelmesh" in args
+    assert not any(a.startswith("--model-repository") for a in args), "ModelMesh names every model's path"
+    port = next(a.split("=")[1] for a in args if a.startswith("--grpc-port="))
+    assert spec["grpcEndpoint"] == spec["grpcDataEndpoint"] == f"port:{port}"
+    assert spec["multiModel"] and not spec["storageHelper"]["disabled"], "the puller hands Plinth local paths"

@@ -13,7 +13,7 @@ use crate::repository;
 pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result<Vec<String>, String> {
     let mut problems = Vec::new();
     for dir in repository::scan(repositories)? {
-        let config = match model_config(&dir, None) {
+        let config = match model_config(&dir, None, false) {
             Ok(c) => c,
             Err(reason) => {
                 problems.push(format!("model '{}': {reason}", dir.name));

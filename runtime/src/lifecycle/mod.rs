@@ -1,5 +1,6 @@
 //! Loading, reloading and unloading models as the model control mode says
-//! (Triton's `none`, `poll`, `explicit`), without dropping a request:
+//! (Triton's `none`, `poll`, `explicit`; Plinth's `on_demand`, `modelmesh`),
+//! without dropping a request:
 //!
 //! - a new or changed version loads and warms up beside the one serving;
 //!   traffic moves to it only once it is READY, and the old one finishes its
@@ -11,12 +12,16 @@
 //!   for a whole poll interval, so half-copied files are not loaded;
 //! - in on-demand mode a request for a model that is not resident loads it
 //!   (one load however many requests wait), evicting the least recently
-//!   used models when the memory budget would be exceeded (`on_demand`).
+//!   used models when the memory budget would be exceeded (`on_demand`);
+//! - in modelmesh mode ModelMesh's calls load and unload models from the
+//!   paths it gives, and nothing is evicted (`modelmesh`).
 
 mod check;
+mod modelmesh;
 mod on_demand;
 
 pub use check::check_repository;
+pub use modelmesh::{DEFAULT_MODEL_SIZE, MeshLoadError, Source, predict_size};
 pub use on_demand::PINNED_PARAMETER;
 use on_demand::parameter_says_pinned;
 
@@ -47,6 +52,9 @@ pub enum ControlMode {
     /// Like `explicit`, and a request for a model that is not resident
     /// loads it, within the memory budget.
     OnDemand,
+    /// ModelMesh loads and unloads models through `mmesh.ModelRuntime`
+    /// (`modelmesh`); nothing is evicted.
+    ModelMesh,
 }
 
 impl std::fmt::Display for ControlMode {
@@ -56,6 +64,7 @@ impl std::fmt::Display for ControlMode {
             ControlMode::Poll => "poll",
             ControlMode::Explicit => "explicit",
             ControlMode::OnDemand => "on_demand",
+            ControlMode::ModelMesh => "modelmesh",
         })
     }
 }
@@ -104,8 +113,10 @@ pub struct Lifecycle {
     residency: Residency,
     /// Models never evicted: those named by `--load-model` in on-demand mode.
     pinned: Mutex<Vec<String>>,
+    /// Modelmesh mode: where each model id's files are.
+    placed: Mutex<HashMap<String, modelmesh::Placed>>,
     load_permits: tokio::sync::Semaphore,
-    load_timeout: std::time::Duration,
+    limits: LoadLimits,
     metrics: Arc<Metrics>,
 }
 
@@ -130,8 +141,9 @@ impl Lifecycle {
             observed: Mutex::default(),
             residency: Residency::new(limits.budget),
             pinned: Mutex::default(),
+            placed: Mutex::default(),
             load_permits: tokio::sync::Semaphore::new(limits.concurrency.max(1)),
-            load_timeout: limits.timeout,
+            limits,
             metrics,
         }
     }
@@ -232,7 +244,7 @@ impl Lifecycle {
         record: &mut ModelRecord,
     ) -> Result<(), String> {
         let name = &dir.name;
-        let config = match model_config(dir, config_json) {
+        let config = match model_config(dir, config_json, self.mode == ControlMode::ModelMesh) {
             Ok(c) => c,
             Err(reason) => {
                 self.registry.fail_model(name, &reason);
@@ -407,6 +419,9 @@ impl Lifecycle {
     }
 
     fn find(&self, name: &str) -> Option<ModelDir> {
+        if self.mode == ControlMode::ModelMesh {
+            return self.placed.lock().expect("placed lock").get(name).map(|p| p.dir.clone());
+        }
         if !repository::is_model_name(name) {
             return None;
         }
@@ -417,13 +432,18 @@ impl Lifecycle {
     }
 }
 
-/// The model's configuration: the JSON override, or `config.pbtxt`.
-fn model_config(dir: &ModelDir, config_json: Option<&str>) -> Result<ModelConfig, String> {
-    let config = match config_json {
+/// The model's configuration: the JSON override, or `config.pbtxt`. With
+/// `rename` (a ModelMesh model id) the configuration's own name gives way to
+/// the folder's.
+fn model_config(dir: &ModelDir, config_json: Option<&str>, rename: bool) -> Result<ModelConfig, String> {
+    let mut config = match config_json {
         Some(json) => config::parse_json(json)
             .map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}"))?,
         None => config::load(&dir.path)?,
     };
+    if rename {
+        config.name = dir.name.clone();
+    }
     if config.name.is_empty() || config.name == dir.name {
         Ok(config)
     } else {

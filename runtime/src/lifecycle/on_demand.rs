@@ -51,12 +51,12 @@ impl Lifecycle {
         // The load runs as its own task, so a request that gives up waiting
         // never cancels it halfway.
         let loading = tokio::spawn(async move { this.ensure_resident(&dir, version).await });
-        match tokio::time::timeout(self.load_timeout, loading).await {
+        match tokio::time::timeout(self.limits.timeout, loading).await {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => Err(Error::Internal(format!("loading model '{name}' panicked: {e}"))),
             Err(_) => Err(Error::Unavailable(format!(
                 "model '{name}' did not finish loading within {} s (--model-load-timeout-secs); try again",
-                self.load_timeout.as_secs()
+                self.limits.timeout.as_secs()
             ))),
         }
     }
@@ -102,12 +102,17 @@ impl Lifecycle {
     }
 
     /// Evicts least recently used models until `need` more bytes for `name`
-    /// fit the budget.
+    /// fit the budget. In modelmesh mode ModelMesh evicts: nothing is, and a
+    /// model that does not fit beside the others is refused.
     ///
     /// # Errors
-    /// A message when `need` exceeds the whole budget; nothing is evicted.
+    /// A message when `need` exceeds the whole budget (nothing is evicted),
+    /// or in modelmesh mode the room left.
     pub(super) fn make_room(&self, name: &str, need: u64) -> Result<(), String> {
         self.residency.check_fits(name, need)?;
+        if self.mode == super::ControlMode::ModelMesh {
+            return self.residency.check_free(name, need);
+        }
         for victim in self.residency.victims(name, need, |n| self.registry.is_busy(n)) {
             self.evict(&victim);
         }
@@ -118,8 +123,9 @@ impl Lifecycle {
     /// evicts others if it turned out larger than room was made for.
     ///
     /// # Errors
-    /// A message when the footprint exceeds the whole budget: the model is
-    /// taken out again, and later requests are refused without a load.
+    /// A message when the footprint exceeds the whole budget (or, in
+    /// modelmesh mode, the room left): the model is taken out again, and
+    /// later requests are refused without a load.
     pub(super) fn settle(&self, name: &str, footprint: u64, pinned_by_config: bool) -> Result<(), String> {
         if footprint == 0 {
             self.residency.remove(name);
@@ -127,12 +133,11 @@ impl Lifecycle {
         }
         let resident = Resident { bytes: footprint, pinned: pinned_by_config || self.is_pinned(name) };
         self.residency.admit(name, resident);
-        if let Err(reason) = self.residency.check_fits(name, footprint) {
+        if let Err(reason) = self.make_room(name, footprint) {
             self.take_out(name, &reason);
             return Err(reason);
         }
         self.metrics.resident_bytes.with_label_values(&[name]).set(footprint as i64);
-        self.make_room(name, footprint)?;
         self.metrics.used_bytes.set(self.residency.used() as i64);
         Ok(())
     }

@@ -73,7 +73,11 @@ impl GrpcInferenceService for Grpc {
     }
 
     async fn model_metadata(&self, request: Request<pb::ModelMetadataRequest>) -> Answer<pb::ModelMetadataResponse> {
-        let r = request.into_inner();
+        let model_id = mesh_model_id(&request);
+        let mut r = request.into_inner();
+        if let Some(id) = model_id {
+            r.name = id;
+        }
         let m = self.model(&r.name, &r.version).await?;
         let tensors = |specs: &[crate::tensor::TensorSpec]| {
             specs
@@ -96,7 +100,11 @@ impl GrpcInferenceService for Grpc {
 
     async fn model_infer(&self, request: Request<pb::ModelInferRequest>) -> Answer<pb::ModelInferResponse> {
         let _counted = self.state.begin_inference()?;
-        let r = request.into_inner();
+        let model_id = mesh_model_id(&request);
+        let mut r = request.into_inner();
+        if let Some(id) = model_id {
+            r.model_name = id;
+        }
         let m = self.model(&r.model_name, &r.model_version).await?;
         let options = uint_parameter(&r.parameters, "priority")
             .and_then(|priority| Ok(RequestOptions { priority, timeout_us: uint_parameter(&r.parameters, "timeout")? }))
@@ -188,6 +196,13 @@ impl GrpcInferenceService for Grpc {
         self.state.lifecycle.unload(&request.into_inner().model_name).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
+}
+
+/// The model id ModelMesh sends with a forwarded request, which names the
+/// model in place of the request's own field.
+fn mesh_model_id<T>(request: &Request<T>) -> Option<String> {
+    let id = request.metadata().get(super::modelmesh::MODEL_ID_HEADER)?;
+    id.to_str().ok().map(str::to_owned)
 }
 
 /// A non-negative integer request parameter (`priority`, `timeout`).

@@ -4,6 +4,7 @@
 pub(crate) mod binary;
 mod error;
 mod grpc;
+mod modelmesh;
 mod routes;
 pub(crate) mod v2_json;
 
@@ -331,9 +332,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
 
 type GrpcServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
 
-/// Binds and starts the KServe v2 gRPC service and the standard gRPC health
-/// service (`grpc.health.v1.Health`, SERVING while ready); returns the
-/// sender that stops them and their task.
+/// Binds and starts the KServe v2 gRPC service, the standard gRPC health
+/// service (`grpc.health.v1.Health`, SERVING while ready) and, in modelmesh
+/// mode, ModelMesh's `mmesh.ModelRuntime`; returns the sender that stops
+/// them and their task.
 ///
 /// # Errors
 /// A message when the address cannot be bound.
@@ -342,6 +344,7 @@ async fn start_grpc(
     addr: SocketAddr,
 ) -> Result<(tokio::sync::oneshot::Sender<()>, GrpcServer), String> {
     use crate::config::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
+    use modelmesh::proto::model_runtime_server::ModelRuntimeServer;
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr} for gRPC: {e}"))?;
     tracing::info!("gRPC server listening on {}", listener.local_addr().map_err(|e| e.to_string())?);
@@ -353,6 +356,8 @@ async fn start_grpc(
         .accept_compressed(CompressionEncoding::Deflate)
         .send_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Deflate);
+    let mesh = (state.lifecycle.mode() == ControlMode::ModelMesh)
+        .then(|| ModelRuntimeServer::new(modelmesh::MeshRuntime { state: state.clone() }));
     tokio::spawn(async move {
         // The health service follows readiness, within 100 ms.
         let mut reported = None;
@@ -371,6 +376,7 @@ async fn start_grpc(
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(service)
+            .add_optional_service(mesh)
             // Without TCP_NODELAY small answers wait for the peer's delayed ACK (~40 ms).
             .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
                 stopped.await.unwrap_or(())

@@ -299,6 +299,9 @@ pub async fn unload_model(
 pub(super) fn explicit_mode(state: &AppState) -> Result<(), Error> {
     match state.lifecycle.mode() {
         ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
+        ControlMode::ModelMesh => Err(Error::InvalidArgument(
+            "in model control mode 'modelmesh' ModelMesh loads and unloads models (mmesh.ModelRuntime)".into(),
+        )),
         mode => Err(Error::InvalidArgument(format!(
             "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
         ))),

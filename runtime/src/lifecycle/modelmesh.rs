@@ -1,0 +1,290 @@
+//! Modelmesh mode: ModelMesh decides which models this process holds, and
+//! `server::modelmesh` turns its `mmesh.ModelRuntime` calls into these. A
+//! model loads from the local path ModelMesh's puller gives (a model folder
+//! in the Triton layout, or one model file) under ModelMesh's model id.
+//! Nothing is evicted: ModelMesh keeps its own LRU across pods, and the
+//! memory budget only refuses a load that cannot fit.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::OwnedMutexGuard;
+
+use super::{Lifecycle, LoadLimits, ModelRecord};
+use crate::config::CONFIG_FILE;
+use crate::repository::{self, Fingerprint, ModelDir};
+
+/// A model's files as ModelMesh placed them.
+pub(super) struct Placed {
+    /// The model folder loads read.
+    pub dir: ModelDir,
+    /// For a single model file: the folder that gives it the Triton layout
+    /// (`1/model.onnx`, a link to the file), removed at unload.
+    _staging: Option<tempfile::TempDir>,
+}
+
+/// Why a load ModelMesh asked for did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshLoadError {
+    /// Nothing was tried: the id, path or type cannot be served.
+    #[error("{0}")]
+    Invalid(String),
+    /// Nothing was tried: the model's files alone exceed the room left in
+    /// the memory budget.
+    #[error("{0}")]
+    NoRoom(String),
+    /// The load failed, or the loaded model did not fit; nothing of it
+    /// stays loaded.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A predicted size is the model's files times this, plus
+/// [`SIZE_OVERHEAD`]. Measured on the five example models loaded in two
+/// orders, a model holds 0.8 to 2.8 times its files (an ONNX Runtime session
+/// keeps optimised copies of its weights; a plugin its compiled code and
+/// instances), and the first model loaded also carries about 10 MB of the
+/// runtime's one-time allocations, more when its plugin is compiled cold.
+const SIZE_FACTOR: u64 = 2;
+
+/// Bytes added to every predicted size, see [`SIZE_FACTOR`].
+const SIZE_OVERHEAD: u64 = 32 << 20;
+
+/// The size ModelMesh assumes for a model before it knows better
+/// (`defaultModelSizeInBytes`), in bytes: above every example model.
+pub const DEFAULT_MODEL_SIZE: u64 = 64 << 20;
+
+/// Where a model's files are, as ModelMesh gave them.
+pub enum Source {
+    /// A model folder: `config.pbtxt` and/or numeric version folders.
+    Folder(PathBuf),
+    /// One ONNX model file.
+    OnnxFile(PathBuf),
+}
+
+impl Source {
+    /// Reads `path` (a model folder, a model file, or a folder holding one
+    /// model file, as the puller writes single files) and `model_type`
+    /// (ModelMesh's model format name, e.g. `onnx`; may be empty).
+    ///
+    /// # Errors
+    /// [`MeshLoadError::Invalid`] naming the path when it does not exist or
+    /// is none of these, or for a TorchScript file alone (its inputs and
+    /// outputs need a `config.pbtxt`).
+    pub fn of(path: &Path, model_type: &str) -> Result<Source, MeshLoadError> {
+        if path.is_file() {
+            return model_file(path, model_type);
+        }
+        if !path.is_dir() {
+            return Err(MeshLoadError::Invalid(format!("modelPath {} does not exist", path.display())));
+        }
+        let folder = ModelDir { name: String::new(), path: path.to_owned() };
+        if path.join(CONFIG_FILE).is_file() || !repository::versions(&folder).is_empty() {
+            return Ok(Source::Folder(path.to_owned()));
+        }
+        let files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| MeshLoadError::Invalid(format!("cannot read modelPath {}: {e}", path.display())))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+            .collect();
+        match files.as_slice() {
+            [file] => model_file(file, model_type),
+            _ => Err(MeshLoadError::Invalid(format!(
+                "modelPath {} is neither a model folder ({CONFIG_FILE}, numeric version folders) nor one model file",
+                path.display()
+            ))),
+        }
+    }
+
+    /// The size of the model's files, in bytes.
+    fn bytes(&self) -> u64 {
+        match self {
+            Source::Folder(path) => Fingerprint::of(path, true).bytes(),
+            Source::OnnxFile(file) => std::fs::metadata(file).map_or(0, |m| m.len()),
+        }
+    }
+
+    /// The model folder to load for model `id`.
+    fn place(self, id: &str) -> Result<Placed, String> {
+        match self {
+            Source::Folder(path) => Ok(Placed { dir: ModelDir { name: id.to_owned(), path }, _staging: None }),
+            Source::OnnxFile(file) => {
+                let staging = tempfile::Builder::new()
+                    .prefix("plinth-modelmesh-")
+                    .tempdir()
+                    .map_err(|e| format!("cannot make a staging folder for {}: {e}", file.display()))?;
+                let version = staging.path().join("1");
+                let file = std::path::absolute(&file).map_err(|e| e.to_string())?;
+                std::fs::create_dir(&version)
+                    .and_then(|()| std::os::unix::fs::symlink(&file, version.join("model.onnx")))
+                    .map_err(|e| format!("cannot stage {}: {e}", file.display()))?;
+                let dir = ModelDir { name: id.to_owned(), path: staging.path().to_owned() };
+                Ok(Placed { dir, _staging: Some(staging) })
+            }
+        }
+    }
+}
+
+fn model_file(path: &Path, model_type: &str) -> Result<Source, MeshLoadError> {
+    let extension = path.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
+    match (extension.as_str(), model_type) {
+        ("onnx", _) | (_, "onnx") => Ok(Source::OnnxFile(path.to_owned())),
+        ("pt" | "pth", _) | (_, "pytorch") => Err(MeshLoadError::Invalid(format!(
+            "{} is a TorchScript file, which records no input or output types: give a model folder with its {CONFIG_FILE}",
+            path.display()
+        ))),
+        _ => Err(MeshLoadError::Invalid(format!(
+            "cannot tell the format of {}: name it .onnx or give the model type 'onnx'",
+            path.display()
+        ))),
+    }
+}
+
+/// A conservative size in bytes for a model not loaded yet
+/// (`predictModelSize`): `disk_bytes` (the puller's `disk_size_bytes`), or
+/// else the size of the files at `path`, times [`SIZE_FACTOR`], plus
+/// [`SIZE_OVERHEAD`]. Reads no more than the file sizes.
+pub fn predict_size(path: &Path, disk_bytes: Option<u64>) -> u64 {
+    let files = disk_bytes.filter(|&b| b > 0).unwrap_or_else(|| {
+        if path.is_file() {
+            std::fs::metadata(path).map_or(0, |m| m.len())
+        } else {
+            Fingerprint::of(path, true).bytes()
+        }
+    });
+    files.saturating_mul(SIZE_FACTOR).saturating_add(SIZE_OVERHEAD)
+}
+
+impl Lifecycle {
+    /// The load limits: concurrency, timeout and memory budget.
+    pub fn limits(&self) -> LoadLimits {
+        self.limits
+    }
+
+    /// Loads `source` as model `id`, and returns its measured size in bytes.
+    /// A model already READY under `id` (ModelMesh retrying) is not loaded
+    /// again. The load runs as its own task: when the caller is cancelled
+    /// it still finishes, and an [`Lifecycle::unload_placed`] of `id` made
+    /// afterwards waits for it and then undoes it.
+    ///
+    /// # Errors
+    /// [`MeshLoadError::NoRoom`] when the files alone exceed the budget's
+    /// free room; [`MeshLoadError::Failed`] with the reason when the load
+    /// fails or the measured model does not fit (it is unloaded again).
+    pub async fn load_placed(self: &Arc<Self>, id: &str, source: Source) -> Result<u64, MeshLoadError> {
+        if id.is_empty() {
+            return Err(MeshLoadError::Invalid("modelId is empty".into()));
+        }
+        let record = self.record(id).lock_owned().await;
+        let (this, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move { this.load_placed_locked(&id, source, record).await })
+            .await
+            .map_err(|e| MeshLoadError::Failed(format!("loading panicked: {e}")))?
+    }
+
+    async fn load_placed_locked(
+        &self,
+        id: &str,
+        source: Source,
+        mut record: OwnedMutexGuard<ModelRecord>,
+    ) -> Result<u64, MeshLoadError> {
+        if !self.registry.has_ready(id) {
+            self.residency.check_free(id, source.bytes()).map_err(MeshLoadError::NoRoom)?;
+            let placed = source.place(id).map_err(MeshLoadError::Failed)?;
+            let dir = placed.dir.clone();
+            self.placed.lock().expect("placed lock").insert(id.to_owned(), placed);
+            if let Err(reason) = self.load_locked(&dir, None, false, &mut record).await {
+                self.take_out(id, &reason);
+                return Err(MeshLoadError::Failed(format!("failed to load '{id}': {reason}")));
+            }
+        }
+        Ok(record.loaded.values().map(|(_, bytes)| bytes).sum())
+    }
+
+    /// Unloads model `id` and forgets it; returns once its memory is given
+    /// back (requests still running finish first). Waits for a load of `id`
+    /// in progress. An unknown id is not an error.
+    pub async fn unload_placed(&self, id: &str) {
+        let record = self.record(id);
+        let mut guard = record.lock().await;
+        if self.registry.has_ready(id) {
+            tracing::info!(model = %id, "unloaded");
+        }
+        self.take_out(id, "unloaded");
+        self.registry.forget(id);
+        *guard = ModelRecord::default();
+        self.placed.lock().expect("placed lock").remove(id);
+        let mut records = self.records.lock().expect("records lock");
+        // Only this call holds the record besides the map: nothing waits on it.
+        if Arc::strong_count(&record) == 2 {
+            records.remove(id);
+        }
+    }
+
+    /// Unloads every model, waiting for loads in progress (ModelMesh asks
+    /// for this when it starts).
+    pub async fn purge(&self) {
+        let ids: Vec<String> = self.records.lock().expect("records lock").keys().cloned().collect();
+        for id in ids {
+            self.unload_placed(&id).await;
+        }
+    }
+
+    /// The measured size of model `id` in bytes, if it is READY.
+    pub fn model_size(&self, id: &str) -> Option<u64> {
+        if !self.registry.has_ready(id) {
+            return None;
+        }
+        self.residency.known_footprint(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_are_folders_onnx_files_or_folders_holding_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m");
+        std::fs::create_dir_all(model.join("1")).unwrap();
+        assert!(matches!(Source::of(&model, ""), Ok(Source::Folder(_))));
+
+        let single = dir.path().join("single");
+        std::fs::create_dir(&single).unwrap();
+        std::fs::write(single.join("_model"), b"onnx bytes").unwrap();
+        assert!(matches!(Source::of(&single, "onnx"), Ok(Source::OnnxFile(_))));
+        let unknown = Source::of(&single, "sklearn").err().unwrap().to_string();
+        assert!(unknown.contains("cannot tell the format"), "{unknown}");
+
+        std::fs::write(dir.path().join("model.pt"), b"zip").unwrap();
+        let torch = Source::of(&dir.path().join("model.pt"), "pytorch").err().unwrap().to_string();
+        assert!(torch.contains("config.pbtxt"), "{torch}");
+        let missing = Source::of(&dir.path().join("nothing"), "onnx").err().unwrap().to_string();
+        assert!(missing.contains("does not exist"), "{missing}");
+    }
+
+    #[test]
+    fn a_single_file_is_staged_in_the_triton_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("weights.onnx");
+        std::fs::write(&file, b"0123456789").unwrap();
+        let placed = Source::OnnxFile(file).place("id-1").unwrap();
+        assert_eq!(placed.dir.name, "id-1");
+        assert_eq!(std::fs::read(placed.dir.path.join("1/model.onnx")).unwrap(), b"0123456789");
+        let staging = placed.dir.path.clone();
+        drop(placed);
+        assert!(!staging.exists(), "unloading removes the staging folder");
+    }
+
+    #[test]
+    fn predicted_sizes_come_from_the_disk_size_or_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("1")).unwrap();
+        std::fs::write(dir.path().join("1/model.onnx"), vec![0u8; 1000]).unwrap();
+        assert_eq!(predict_size(dir.path(), None), 2000 + SIZE_OVERHEAD);
+        assert_eq!(predict_size(dir.path(), Some(5000)), 10_000 + SIZE_OVERHEAD);
+        assert_eq!(predict_size(&dir.path().join("1/model.onnx"), Some(0)), 2000 + SIZE_OVERHEAD);
+    }
+}

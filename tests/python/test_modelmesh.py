@@ -1,0 +1,273 @@
+"""Plays ModelMesh against `plinth serve --model-control-mode=modelmesh`,
+through stubs generated from Plinth's own runtime/proto/model_runtime.proto:
+runtimeStatus, three loads laid out as ModelMesh's puller leaves them (two
+model folders and one bare ONNX file), inference routed by the `mm-model-id`
+header with the outputs checked against onnxruntime, unloads, a load
+cancelled mid-way, the purge when ModelMesh restarts, a Plinth restart, and
+a memory budget that refuses rather than evicts."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import onnxruntime
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper, save
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, Plinth
+
+MIB = 1 << 20
+BUDGET = 2048 * MIB
+INFER = "inference.GRPCInferenceService/ModelInfer"
+CLS_OUT = "save_infer_model/scale_0.tmp_1"
+REC_OUT = "softmax_11.tmp_0"
+
+
+@pytest.fixture(scope="module")
+def mmesh(tmp_path_factory):
+    """The generated `model_runtime_pb2` and `model_runtime_pb2_grpc` modules."""
+    out = tmp_path_factory.mktemp("stubs")
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'runtime/proto'}",
+                    f"--python_out={out}", f"--grpc_python_out={out}", "model_runtime.proto"], check=True)
+    sys.path.insert(0, str(out))
+    import model_runtime_pb2
+    import model_runtime_pb2_grpc
+    return model_runtime_pb2, model_runtime_pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def pulled(tmp_path_factory):
+    """Model files as the puller leaves them: `<root>/<id>/<name>`."""
+    root = tmp_path_factory.mktemp("models")
+    models = {}
+    for model_id, source in [("ocr-cls__isvc-0001", "ocr_cls"), ("ocr-rec__isvc-0002", "ocr_rec")]:
+        models[model_id] = shutil.copytree(ROOT / "model_repository" / source, root / model_id / source)
+    (root / "mobilenet__isvc-0003").mkdir()
+    models["mobilenet__isvc-0003"] = shutil.copy(ROOT / ".cache/mobilenet_v2/model.onnx",
+                                                 root / "mobilenet__isvc-0003" / "mobilenet.onnx")
+    return models
+
+
+class Mesh:
+    """What ModelMesh does to a runtime, over one channel."""
+
+    def __init__(self, server, mmesh):
+        self.pb, grpc_mod = mmesh
+        self.channel = grpc.insecure_channel(server.grpc_url)
+        self.stub = grpc_mod.ModelRuntimeStub(self.channel)
+        self.server = server
+
+    def status(self):
+        deadline = time.monotonic() + 30
+        while True:
+            status = self.stub.runtimeStatus(self.pb.RuntimeStatusRequest())
+            if status.status == self.pb.RuntimeStatusResponse.READY or time.monotonic() > deadline:
+                return status
+            time.sleep(0.1)
+
+    def load_request(self, model_id, path, model_type="onnx"):
+        key = {"model_type": {"name": model_type, "version": "1"}, "disk_size_bytes": disk_size(path),
+               "storage_params": {"type": "s3"}}
+        return self.pb.LoadModelRequest(modelId=model_id, modelType=model_type, modelPath=str(path),
+                                        modelKey=json.dumps(key))
+
+    def load(self, model_id, path):
+        return self.stub.loadModel(self.load_request(model_id, path), timeout=120).sizeInBytes
+
+    def unload(self, model_id):
+        self.stub.unloadModel(self.pb.UnloadModelRequest(modelId=model_id), timeout=120)
+
+    def size(self, model_id):
+        return self.stub.modelSize(self.pb.ModelSizeRequest(modelId=model_id)).sizeInBytes
+
+    def predicted(self, model_id, path):
+        r = self.load_request(model_id, path)
+        request = self.pb.PredictModelSizeRequest(modelId=r.modelId, modelType=r.modelType, modelPath=r.modelPath,
+                                                  modelKey=r.modelKey)
+        return self.stub.predictModelSize(request).sizeInBytes
+
+    def index(self):
+        request = urllib.request.Request(f"http://{self.server.url}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request) as response:
+            return json.load(response)
+
+
+def disk_size(path):
+    path = pathlib.Path(path)
+    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def rss(server):
+    """The server's resident memory in bytes, as the kernel counts it."""
+    status = pathlib.Path(f"/proc/{server.proc.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def infer(server, model_id, model_name, x, output, input_name="x"):
+    """ModelInfer as ModelMesh forwards it: the id in the `mm-model-id`
+    header; `model_name` is whatever the client sent."""
+    client = grpcclient.InferenceServerClient(url=server.grpc_url)
+    inp = grpcclient.InferInput(input_name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer(model_name, [inp], outputs=[grpcclient.InferRequestedOutput(output)],
+                          headers={"mm-model-id": model_id})
+    return result.as_numpy(output)
+
+
+def photo(path):
+    """torchvision's ImageNet preprocessing: shorter side 256, centre 224, normalised, NCHW."""
+    image = Image.open(path).convert("RGB")
+    w, h = image.size
+    scale = 256 / min(w, h)
+    image = image.resize((round(w * scale), round(h * scale)), Image.BILINEAR)
+    left, top = (image.width - 224) // 2, (image.height - 224) // 2
+    x = np.asarray(image.crop((left, top, left + 224, top + 224)), np.float32) / 255
+    x = (x - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+    return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def expect_not_found(server, model_id):
+    with pytest.raises(InferenceServerException) as failure:
+        infer(server, model_id, "any", np.zeros((1, 3, 48, 192), np.float32), CLS_OUT)
+    assert failure.value.status() == "StatusCode.NOT_FOUND", failure.value
+    assert model_id in failure.value.message()
+
+
+def test_modelmesh_conformance(mmesh, pulled):
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
+    try:
+        mesh = Mesh(server, mmesh)
+        status = mesh.status()
+        assert status.status == mesh.pb.RuntimeStatusResponse.READY
+        assert status.capacityInBytes == BUDGET
+        assert status.maxLoadingConcurrency >= 1
+        assert status.modelLoadingTimeoutMs == 60_000
+        assert status.defaultModelSizeInBytes >= 16 * MIB
+        assert list(status.methodInfos[INFER].idInjectionPath) == [1]
+        assert not status.allowAnyMethod and status.runtimeVersion
+
+        # Three loads. Each size is the one Plinth measured and budgets; all
+        # together they are the resident memory the loads added.
+        sizes = {}
+        before = rss(server)
+        for model_id, path in pulled.items():
+            predicted = mesh.predicted(model_id, path)
+            sizes[model_id] = mesh.load(model_id, path)
+            assert sizes[model_id] == mesh.size(model_id) > 0
+            assert predicted >= sizes[model_id], f"predictModelSize is not conservative for {model_id}"
+        grown = rss(server) - before
+        assert abs(sum(sizes.values()) - grown) <= 0.25 * grown, (sizes, grown)
+        index = {row["name"]: row for row in mesh.index()}
+        assert set(index) == set(pulled)
+        for model_id, size in sizes.items():
+            assert index[model_id]["state"] == "READY"
+            assert abs(size - index[model_id]["resident_bytes"]) <= 0.25 * index[model_id]["resident_bytes"]
+
+        # Inference through mm-model-id, checked against onnxruntime.
+        rng = np.random.default_rng(9)
+        cls_x = rng.uniform(-1, 1, size=(2, 3, 48, 192)).astype(np.float32)
+        rec_x = rng.uniform(-1, 1, size=(1, 3, 48, 320)).astype(np.float32)
+        for model_id, x, output, file in [
+            ("ocr-cls__isvc-0001", cls_x, CLS_OUT, pulled["ocr-cls__isvc-0001"] / "1/model.onnx"),
+            ("ocr-rec__isvc-0002", rec_x, REC_OUT, pulled["ocr-rec__isvc-0002"] / "1/model.onnx"),
+        ]:
+            got = infer(server, model_id, "ocr", x, output)
+            (want,) = onnxruntime.InferenceSession(str(file)).run([output], {"x": x})
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        session = onnxruntime.InferenceSession(str(pulled["mobilenet__isvc-0003"]))
+        input_name, logits_name = session.get_inputs()[0].name, session.get_outputs()[0].name
+        x = photo(ROOT / ".cache/samples/china.jpg")
+        got = infer(server, "mobilenet__isvc-0003", "mobilenet", x, logits_name, input_name)
+        (want,) = session.run([logits_name], {input_name: x})
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+        assert int(got.argmax()) == 698, "china.jpg is a palace"
+
+        # Unloads are idempotent and leave nothing behind.
+        mesh.unload("ocr-rec__isvc-0002")
+        mesh.unload("ocr-rec__isvc-0002")
+        mesh.unload("never-loaded")
+        expect_not_found(server, "ocr-rec__isvc-0002")
+        with pytest.raises(grpc.RpcError) as failure:
+            mesh.size("ocr-rec__isvc-0002")
+        assert failure.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "ocr-rec__isvc-0002" not in {row["name"] for row in mesh.index()}
+
+        # A load cancelled mid-way, then unloadModel: the model is absent, and stays so.
+        call = mesh.stub.loadModel.future(mesh.load_request("ocr-rec__isvc-0004", pulled["ocr-rec__isvc-0002"]))
+        deadline = time.monotonic() + 30
+        while not any(r["name"] == "ocr-rec__isvc-0004" and r.get("state") == "LOADING" for r in mesh.index()):
+            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
+            time.sleep(0.005)
+        assert call.cancel()
+        mesh.unload("ocr-rec__isvc-0004")
+        for _ in range(2):
+            assert "ocr-rec__isvc-0004" not in {row["name"] for row in mesh.index()}
+            expect_not_found(server, "ocr-rec__isvc-0004")
+            time.sleep(2)
+
+        # ModelMesh restarting asks runtimeStatus again: everything is purged.
+        assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
+        assert mesh.index() == []
+        expect_not_found(server, "ocr-cls__isvc-0001")
+    finally:
+        server.stop()
+
+    # Plinth restarting: it reports READY with nothing loaded.
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
+    try:
+        mesh = Mesh(server, mmesh)
+        assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
+        assert mesh.index() == []
+        for model_id in pulled:
+            expect_not_found(server, model_id)
+    finally:
+        server.stop()
+
+
+def test_the_budget_refuses_loads_and_evicts_nothing(mmesh, pulled, tmp_path):
+    # y = x + w, with 40 MiB of weights.
+    n = 10 * MIB
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [n], np.ones(n, np.float32).tobytes(), raw=True)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])], initializer=[weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    save(model, tmp_path / "big.onnx")
+
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", "48MiB")
+    try:
+        mesh = Mesh(server, mmesh)
+        assert mesh.status().capacityInBytes == 48 * MIB
+        mobilenet = mesh.load("mobilenet__isvc-0003", pulled["mobilenet__isvc-0003"])
+        assert 13 * MIB < mobilenet < 34 * MIB
+        # Its 40 MiB of weights alone exceed what is left: refused before any
+        # load, and nothing is evicted to make room.
+        with pytest.raises(grpc.RpcError) as failure:
+            mesh.load("big__isvc-0005", tmp_path / "big.onnx")
+        assert failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--model-memory-budget is free" in failure.value.details()
+        assert {row["name"] for row in mesh.index()} == {"mobilenet__isvc-0003"}
+        x = photo(ROOT / ".cache/samples/china.jpg")
+        assert int(infer(server, "mobilenet__isvc-0003", "any", x, "OUTPUT__0", "INPUT__0").argmax()) == 698
+
+        # Paths that are not models are refused with the reason, nothing tried.
+        with pytest.raises(grpc.RpcError) as failure:
+            mesh.stub.loadModel(mesh.pb.LoadModelRequest(modelId="x", modelPath="/nonexistent", modelKey="{}"))
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "does not exist" in failure.value.details()
+        with pytest.raises(grpc.RpcError) as failure:
+            mesh.stub.loadModel(mesh.pb.LoadModelRequest(modelId="x", modelPath=str(tmp_path), modelKey="not json"))
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "modelKey is not JSON" in failure.value.details()
+    finally:
+        server.stop()
