@@ -133,7 +133,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_loaded_models: Option<usize>,
 
-    /// Model loads that run at once (default: one per core).
+    /// Model loads that run at once (default: one per core; in modelmesh
+    /// mode one, so that each measured size is that model's alone).
     #[arg(long)]
     pub model_load_concurrency: Option<usize>,
 
@@ -263,6 +264,11 @@ impl ServeArgs {
                         (or, for the budget, modelmesh)"
                 .into());
         }
+        if mesh && !self.allow_grpc {
+            return Err(
+                "--model-control-mode=modelmesh needs gRPC: ModelMesh calls mmesh.ModelRuntime on --grpc-port".into()
+            );
+        }
         if mesh && self.max_loaded_models.is_some() {
             return Err("--max-loaded-models does not apply in modelmesh mode: ModelMesh counts by bytes".into());
         }
@@ -277,7 +283,9 @@ impl ServeArgs {
                 ModelControlMode::ModelMesh => ControlMode::ModelMesh,
             },
             load_limits: LoadLimits {
-                concurrency: self.model_load_concurrency.unwrap_or(cores),
+                // A load's size is the memory the process grew by during it:
+                // loads side by side would count each other's.
+                concurrency: self.model_load_concurrency.unwrap_or(if mesh { 1 } else { cores }),
                 timeout: Duration::from_secs(self.model_load_timeout_secs),
                 budget: Budget {
                     bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),

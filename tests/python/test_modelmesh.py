@@ -6,6 +6,7 @@ header with the outputs checked against onnxruntime, unloads, a load
 cancelled mid-way, the purge when ModelMesh restarts, a Plinth restart, and
 a memory budget that refuses rather than evicts."""
 
+import concurrent.futures
 import json
 import pathlib
 import shutil
@@ -269,5 +270,47 @@ def test_the_budget_refuses_loads_and_evicts_nothing(mmesh, pulled, tmp_path):
             mesh.stub.loadModel(mesh.pb.LoadModelRequest(modelId="x", modelPath=str(tmp_path), modelKey="not json"))
         assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "modelKey is not JSON" in failure.value.details()
+    finally:
+        server.stop()
+
+
+def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
+    try:
+        mesh = Mesh(server, mmesh)
+        mesh.status()
+        mobilenet = pulled["mobilenet__isvc-0003"]
+        mesh.load("mobilenet__isvc-0003", mobilenet)
+        # The same id from another path is refused; from the same path it is a no-op.
+        with pytest.raises(grpc.RpcError) as failure:
+            mesh.load("mobilenet__isvc-0003", pulled["ocr-cls__isvc-0001"])
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "loaded already" in failure.value.details()
+        assert mesh.load("mobilenet__isvc-0003", mobilenet) == mesh.size("mobilenet__isvc-0003")
+
+        # unloadModel returns only after the requests running on the model finished.
+        x = np.repeat(photo(ROOT / ".cache/samples/china.jpg"), 16, axis=0)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            requests = [pool.submit(infer, server, "mobilenet__isvc-0003", "m", x, "OUTPUT__0", "INPUT__0")
+                        for _ in range(4)]
+            time.sleep(0.2)
+            mesh.unload("mobilenet__isvc-0003")
+            assert all(r.done() for r in requests), "unloadModel returned while requests still ran"
+        for r in requests:
+            assert (r.result().argmax(axis=1) == 698).all()
+        expect_not_found(server, "mobilenet__isvc-0003")
+
+        # runtimeStatus while a load runs: the load is undone and says so.
+        call = mesh.stub.loadModel.future(mesh.load_request("ocr-rec__isvc-0002", pulled["ocr-rec__isvc-0002"]))
+        deadline = time.monotonic() + 30
+        while not any(r["name"] == "ocr-rec__isvc-0002" and r.get("state") == "LOADING" for r in mesh.index()):
+            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
+            time.sleep(0.005)
+        assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
+        with pytest.raises(grpc.RpcError) as failure:
+            call.result()
+        assert failure.value.code() == grpc.StatusCode.ABORTED, failure.value
+        assert "runtimeStatus" in failure.value.details()
+        assert mesh.index() == []
     finally:
         server.stop()

@@ -115,6 +115,8 @@ pub struct Lifecycle {
     pinned: Mutex<Vec<String>>,
     /// Modelmesh mode: where each model id's files are.
     placed: Mutex<HashMap<String, modelmesh::Placed>>,
+    /// Modelmesh mode: how many times `runtimeStatus` unloaded everything.
+    purges: std::sync::atomic::AtomicU64,
     load_permits: tokio::sync::Semaphore,
     limits: LoadLimits,
     metrics: Arc<Metrics>,
@@ -142,6 +144,7 @@ impl Lifecycle {
             residency: Residency::new(limits.budget),
             pinned: Mutex::default(),
             placed: Mutex::default(),
+            purges: Default::default(),
             load_permits: tokio::sync::Semaphore::new(limits.concurrency.max(1)),
             limits,
             metrics,

@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedMutexGuard;
 
@@ -18,9 +20,24 @@ use crate::repository::{self, Fingerprint, ModelDir};
 pub(super) struct Placed {
     /// The model folder loads read.
     pub dir: ModelDir,
+    /// The path ModelMesh gave.
+    source: PathBuf,
     /// For a single model file: the folder that gives it the Triton layout
     /// (`1/model.onnx`, a link to the file), removed at unload.
-    _staging: Option<tempfile::TempDir>,
+    staging: Option<tempfile::TempDir>,
+}
+
+impl Placed {
+    /// `reason` with the staged link named as the file ModelMesh gave.
+    fn explain(&self, reason: &str) -> String {
+        match &self.staging {
+            Some(staging) => reason.replace(
+                &staging.path().join("1/model.onnx").display().to_string(),
+                &self.source.display().to_string(),
+            ),
+            None => reason.to_owned(),
+        }
+    }
 }
 
 /// Why a load ModelMesh asked for did not happen.
@@ -37,6 +54,9 @@ pub enum MeshLoadError {
     /// stays loaded.
     #[error("{0}")]
     Failed(String),
+    /// `runtimeStatus` unloaded every model while this load ran.
+    #[error("{0}")]
+    Purged(String),
 }
 
 /// A predicted size is the model's files times this, plus
@@ -51,8 +71,13 @@ const SIZE_FACTOR: u64 = 2;
 const SIZE_OVERHEAD: u64 = 32 << 20;
 
 /// The size ModelMesh assumes for a model before it knows better
-/// (`defaultModelSizeInBytes`), in bytes: above every example model.
+/// (`defaultModelSizeInBytes`), and the prediction for a model whose files
+/// are not here yet, in bytes: above every example model.
 pub const DEFAULT_MODEL_SIZE: u64 = 64 << 20;
+
+/// How long `unloadModel` waits for requests still running on the model
+/// before it gives up waiting (the model then leaves memory with the last).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where a model's files are, as ModelMesh gave them.
 pub enum Source {
@@ -76,7 +101,8 @@ impl Source {
             return model_file(path, model_type);
         }
         if !path.is_dir() {
-            return Err(MeshLoadError::Invalid(format!("modelPath {} does not exist", path.display())));
+            let what = if path.exists() { "is neither a file nor a folder" } else { "does not exist" };
+            return Err(MeshLoadError::Invalid(format!("modelPath {} {what}", path.display())));
         }
         let folder = ModelDir { name: String::new(), path: path.to_owned() };
         if path.join(CONFIG_FILE).is_file() || !repository::versions(&folder).is_empty() {
@@ -105,22 +131,31 @@ impl Source {
         }
     }
 
+    /// The path ModelMesh gave.
+    fn path(&self) -> &Path {
+        match self {
+            Source::Folder(path) | Source::OnnxFile(path) => path,
+        }
+    }
+
     /// The model folder to load for model `id`.
     fn place(self, id: &str) -> Result<Placed, String> {
         match self {
-            Source::Folder(path) => Ok(Placed { dir: ModelDir { name: id.to_owned(), path }, _staging: None }),
+            Source::Folder(path) => {
+                Ok(Placed { dir: ModelDir { name: id.to_owned(), path: path.clone() }, source: path, staging: None })
+            }
             Source::OnnxFile(file) => {
                 let staging = tempfile::Builder::new()
                     .prefix("plinth-modelmesh-")
                     .tempdir()
                     .map_err(|e| format!("cannot make a staging folder for {}: {e}", file.display()))?;
                 let version = staging.path().join("1");
-                let file = std::path::absolute(&file).map_err(|e| e.to_string())?;
+                let target = std::path::absolute(&file).map_err(|e| e.to_string())?;
                 std::fs::create_dir(&version)
-                    .and_then(|()| std::os::unix::fs::symlink(&file, version.join("model.onnx")))
+                    .and_then(|()| std::os::unix::fs::symlink(&target, version.join("model.onnx")))
                     .map_err(|e| format!("cannot stage {}: {e}", file.display()))?;
                 let dir = ModelDir { name: id.to_owned(), path: staging.path().to_owned() };
-                Ok(Placed { dir, _staging: Some(staging) })
+                Ok(Placed { dir, source: file, staging: Some(staging) })
             }
         }
     }
@@ -143,17 +178,24 @@ fn model_file(path: &Path, model_type: &str) -> Result<Source, MeshLoadError> {
 
 /// A conservative size in bytes for a model not loaded yet
 /// (`predictModelSize`): `disk_bytes` (the puller's `disk_size_bytes`), or
-/// else the size of the files at `path`, times [`SIZE_FACTOR`], plus
-/// [`SIZE_OVERHEAD`]. Reads no more than the file sizes.
-pub fn predict_size(path: &Path, disk_bytes: Option<u64>) -> u64 {
-    let files = disk_bytes.filter(|&b| b > 0).unwrap_or_else(|| {
-        if path.is_file() {
-            std::fs::metadata(path).map_or(0, |m| m.len())
-        } else {
-            Fingerprint::of(path, true).bytes()
-        }
-    });
-    files.saturating_mul(SIZE_FACTOR).saturating_add(SIZE_OVERHEAD)
+/// else the size of the model's files at `path`, times [`SIZE_FACTOR`], plus
+/// [`SIZE_OVERHEAD`]; [`DEFAULT_MODEL_SIZE`] when neither is known (ModelMesh
+/// may ask before the files are pulled). Reads no more than file sizes.
+pub fn predict_size(path: &Path, model_type: &str, disk_bytes: Option<u64>) -> u64 {
+    let files = disk_bytes.filter(|&b| b > 0).or_else(|| Source::of(path, model_type).ok().map(|s| s.bytes()));
+    files.map_or(DEFAULT_MODEL_SIZE, |f| f.saturating_mul(SIZE_FACTOR).saturating_add(SIZE_OVERHEAD))
+}
+
+/// Whether `id` can name a model: not empty, no control characters (they
+/// cannot travel in a gRPC header, and name threads and metrics).
+fn check_id(id: &str) -> Result<(), MeshLoadError> {
+    if id.is_empty() {
+        return Err(MeshLoadError::Invalid("modelId is empty".into()));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(MeshLoadError::Invalid(format!("modelId {id:?} contains control characters")));
+    }
+    Ok(())
 }
 
 impl Lifecycle {
@@ -163,24 +205,32 @@ impl Lifecycle {
     }
 
     /// Loads `source` as model `id`, and returns its measured size in bytes.
-    /// A model already READY under `id` (ModelMesh retrying) is not loaded
-    /// again. The load runs as its own task: when the caller is cancelled
-    /// it still finishes, and an [`Lifecycle::unload_placed`] of `id` made
-    /// afterwards waits for it and then undoes it.
+    /// A model already READY under `id` from the same path (ModelMesh
+    /// retrying) is not loaded again. The load runs as its own task: when
+    /// the caller is cancelled it still finishes, and an
+    /// [`Lifecycle::unload_placed`] of `id` made afterwards waits for it and
+    /// then undoes it.
     ///
     /// # Errors
-    /// [`MeshLoadError::NoRoom`] when the files alone exceed the budget's
-    /// free room; [`MeshLoadError::Failed`] with the reason when the load
-    /// fails or the measured model does not fit (it is unloaded again).
+    /// [`MeshLoadError::Invalid`] for a bad id, or an id READY from another
+    /// path; [`MeshLoadError::NoRoom`] when the files alone exceed the
+    /// budget's free room; [`MeshLoadError::Failed`] with the reason when the
+    /// load fails or the measured model does not fit (it is unloaded again);
+    /// [`MeshLoadError::Purged`] when `runtimeStatus` unloaded it meanwhile.
     pub async fn load_placed(self: &Arc<Self>, id: &str, source: Source) -> Result<u64, MeshLoadError> {
-        if id.is_empty() {
-            return Err(MeshLoadError::Invalid("modelId is empty".into()));
-        }
+        check_id(id)?;
+        let purges = self.purges.load(Ordering::Acquire);
         let record = self.record(id).lock_owned().await;
-        let (this, id) = (self.clone(), id.to_owned());
-        tokio::spawn(async move { this.load_placed_locked(&id, source, record).await })
+        let (this, owned_id) = (self.clone(), id.to_owned());
+        let loaded = tokio::spawn(async move { this.load_placed_locked(&owned_id, source, record).await })
             .await
-            .map_err(|e| MeshLoadError::Failed(format!("loading panicked: {e}")))?
+            .map_err(|e| MeshLoadError::Failed(format!("loading panicked: {e}")))??;
+        if self.purges.load(Ordering::Acquire) != purges {
+            return Err(MeshLoadError::Purged(format!(
+                "model '{id}' was unloaded by runtimeStatus (ModelMesh restarting) while it loaded"
+            )));
+        }
+        Ok(loaded)
     }
 
     async fn load_placed_locked(
@@ -189,28 +239,48 @@ impl Lifecycle {
         source: Source,
         mut record: OwnedMutexGuard<ModelRecord>,
     ) -> Result<u64, MeshLoadError> {
-        if !self.registry.has_ready(id) {
+        if self.registry.has_ready(id) {
+            let placed = self.placed.lock().expect("placed lock");
+            let from = placed.get(id).map(|p| p.source.clone()).unwrap_or_default();
+            if from != source.path() {
+                return Err(MeshLoadError::Invalid(format!(
+                    "model '{id}' is loaded already, from {}; unload it before loading {}",
+                    from.display(),
+                    source.path().display()
+                )));
+            }
+        } else {
             self.residency.check_free(id, source.bytes()).map_err(MeshLoadError::NoRoom)?;
             let placed = source.place(id).map_err(MeshLoadError::Failed)?;
             let dir = placed.dir.clone();
             self.placed.lock().expect("placed lock").insert(id.to_owned(), placed);
             if let Err(reason) = self.load_locked(&dir, None, false, &mut record).await {
                 self.take_out(id, &reason);
+                let placed = self.placed.lock().expect("placed lock").remove(id);
+                let reason = placed.map_or(reason.clone(), |p| p.explain(&reason));
                 return Err(MeshLoadError::Failed(format!("failed to load '{id}': {reason}")));
             }
         }
         Ok(record.loaded.values().map(|(_, bytes)| bytes).sum())
     }
 
-    /// Unloads model `id` and forgets it; returns once its memory is given
-    /// back (requests still running finish first). Waits for a load of `id`
-    /// in progress. An unknown id is not an error.
+    /// Unloads model `id` and forgets it. Returns once requests still
+    /// running on it have finished (at most [`DRAIN_TIMEOUT`]) and its
+    /// memory is given back; until then the budget still counts it. Waits
+    /// for a load of `id` in progress. An unknown id is not an error.
     pub async fn unload_placed(&self, id: &str) {
         let record = self.record(id);
         let mut guard = record.lock().await;
-        if self.registry.has_ready(id) {
+        let models = self.registry.unload(id, "unloaded");
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        // The registry let go of them: each request in flight holds one more.
+        while models.iter().any(|m| Arc::strong_count(m) > 1) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !models.is_empty() {
             tracing::info!(model = %id, "unloaded");
         }
+        drop(models);
         self.take_out(id, "unloaded");
         self.registry.forget(id);
         *guard = ModelRecord::default();
@@ -225,6 +295,7 @@ impl Lifecycle {
     /// Unloads every model, waiting for loads in progress (ModelMesh asks
     /// for this when it starts).
     pub async fn purge(&self) {
+        self.purges.fetch_add(1, Ordering::AcqRel);
         let ids: Vec<String> = self.records.lock().expect("records lock").keys().cloned().collect();
         for id in ids {
             self.unload_placed(&id).await;
@@ -283,8 +354,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("1")).unwrap();
         std::fs::write(dir.path().join("1/model.onnx"), vec![0u8; 1000]).unwrap();
-        assert_eq!(predict_size(dir.path(), None), 2000 + SIZE_OVERHEAD);
-        assert_eq!(predict_size(dir.path(), Some(5000)), 10_000 + SIZE_OVERHEAD);
-        assert_eq!(predict_size(&dir.path().join("1/model.onnx"), Some(0)), 2000 + SIZE_OVERHEAD);
+        assert_eq!(predict_size(dir.path(), "", None), 2000 + SIZE_OVERHEAD);
+        assert_eq!(predict_size(dir.path(), "", Some(5000)), 10_000 + SIZE_OVERHEAD);
+        assert_eq!(predict_size(&dir.path().join("1/model.onnx"), "", Some(0)), 2000 + SIZE_OVERHEAD);
+        // Not pulled yet, or not a model: the default, without walking it.
+        assert_eq!(predict_size(Path::new("s3-bucket/models/x"), "onnx", None), DEFAULT_MODEL_SIZE);
+        assert_eq!(predict_size(Path::new("/"), "", None), DEFAULT_MODEL_SIZE);
+    }
+
+    #[test]
+    fn ids_are_not_empty_and_have_no_control_characters() {
+        assert!(check_id("mnist__isvc-6b2eb3b5e4").is_ok());
+        assert!(check_id("../ünïcode / spaces").is_ok());
+        for bad in ["", "a\0b", "line\nbreak"] {
+            assert!(matches!(check_id(bad), Err(MeshLoadError::Invalid(_))), "{bad:?}");
+        }
     }
 }

@@ -48,6 +48,7 @@ impl From<MeshLoadError> for Status {
             MeshLoadError::Invalid(_) => Status::invalid_argument(message),
             MeshLoadError::NoRoom(_) => Status::failed_precondition(message),
             MeshLoadError::Failed(_) => Status::internal(message),
+            MeshLoadError::Purged(_) => Status::aborted(message),
         }
     }
 }
@@ -112,7 +113,7 @@ impl ModelRuntime for MeshRuntime {
     ) -> Answer<proto::PredictModelSizeResponse> {
         let r = request.into_inner();
         let key = ModelKey::parse(&r.model_key)?;
-        let size_in_bytes = predict_size(Path::new(&r.model_path), key.disk_size_bytes);
+        let size_in_bytes = predict_size(Path::new(&r.model_path), &key.model_type(&r.model_type), key.disk_size_bytes);
         Ok(Response::new(proto::PredictModelSizeResponse { size_in_bytes }))
     }
 
@@ -138,7 +139,7 @@ impl ModelRuntime for MeshRuntime {
         Ok(Response::new(proto::RuntimeStatusResponse {
             status: if started { RuntimeState::Ready } else { RuntimeState::Starting }.into(),
             capacity_in_bytes: limits.budget.bytes.unwrap_or(0),
-            max_loading_concurrency: u32::try_from(limits.concurrency).unwrap_or(u32::MAX),
+            max_loading_concurrency: u32::try_from(limits.concurrency.max(1)).unwrap_or(u32::MAX),
             model_loading_timeout_ms: u32::try_from(limits.timeout.as_millis()).unwrap_or(u32::MAX),
             default_model_size_in_bytes: DEFAULT_MODEL_SIZE,
             runtime_version: env!("CARGO_PKG_VERSION").into(),
