@@ -3,8 +3,9 @@ through stubs generated from Plinth's own runtime/proto/model_runtime.proto:
 runtimeStatus, three loads laid out as ModelMesh's puller leaves them (two
 model folders and one bare ONNX file), inference routed by the `mm-model-id`
 header with the outputs checked against onnxruntime, unloads, a load
-cancelled mid-way, the purge when ModelMesh restarts, a Plinth restart, and
-a memory budget that refuses rather than evicts."""
+cancelled mid-way, the purge when ModelMesh restarts, a Plinth restart, a
+memory budget that refuses rather than evicts, unloads that wait for the
+requests still running, and a load that runtimeStatus aborts."""
 
 import concurrent.futures
 import json
@@ -83,6 +84,15 @@ class Mesh:
 
     def load(self, model_id, path):
         return self.stub.loadModel(self.load_request(model_id, path), timeout=120).sizeInBytes
+
+    def start_load(self, model_id, path):
+        """Starts loadModel and returns its call once the model shows as LOADING."""
+        call = self.stub.loadModel.future(self.load_request(model_id, path))
+        deadline = time.monotonic() + 30
+        while not any(r["name"] == model_id and r.get("state") == "LOADING" for r in self.index()):
+            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
+            time.sleep(0.005)
+        return call
 
     def unload(self, model_id):
         self.stub.unloadModel(self.pb.UnloadModelRequest(modelId=model_id), timeout=120)
@@ -203,11 +213,7 @@ def test_modelmesh_conformance(mmesh, pulled):
         assert "ocr-rec__isvc-0002" not in {row["name"] for row in mesh.index()}
 
         # A load cancelled mid-way, then unloadModel: the model is absent, and stays so.
-        call = mesh.stub.loadModel.future(mesh.load_request("ocr-rec__isvc-0004", pulled["ocr-rec__isvc-0002"]))
-        deadline = time.monotonic() + 30
-        while not any(r["name"] == "ocr-rec__isvc-0004" and r.get("state") == "LOADING" for r in mesh.index()):
-            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
-            time.sleep(0.005)
+        call = mesh.start_load("ocr-rec__isvc-0004", pulled["ocr-rec__isvc-0002"])
         assert call.cancel()
         mesh.unload("ocr-rec__isvc-0004")
         for _ in range(2):
@@ -301,11 +307,7 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
         expect_not_found(server, "mobilenet__isvc-0003")
 
         # runtimeStatus while a load runs: the load is undone and says so.
-        call = mesh.stub.loadModel.future(mesh.load_request("ocr-rec__isvc-0002", pulled["ocr-rec__isvc-0002"]))
-        deadline = time.monotonic() + 30
-        while not any(r["name"] == "ocr-rec__isvc-0002" and r.get("state") == "LOADING" for r in mesh.index()):
-            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
-            time.sleep(0.005)
+        call = mesh.start_load("ocr-rec__isvc-0002", pulled["ocr-rec__isvc-0002"])
         assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
         with pytest.raises(grpc.RpcError) as failure:
             call.result()
