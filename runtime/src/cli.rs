@@ -171,9 +171,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0.0)]
     pub drain_delay_secs: f64,
 
-    /// Address the HTTP server binds.
+    /// Address the HTTP and metrics servers bind.
     #[arg(long, default_value = "0.0.0.0")]
     pub http_address: std::net::IpAddr,
+
+    /// Address the gRPC server binds (default: --http-address). In a
+    /// ModelMesh pod, 127.0.0.1: only the pod's own containers call it.
+    #[arg(long)]
+    pub grpc_address: Option<std::net::IpAddr>,
 
     /// HTTP port (0 picks a free one; the log says which).
     #[arg(long, default_value_t = 8000)]
@@ -243,9 +248,9 @@ impl ServeArgs {
     pub fn options(&self) -> Result<ServeOptions, String> {
         let selective = matches!(self.model_control_mode, ModelControlMode::Explicit | ModelControlMode::OnDemand);
         if !self.load_models.is_empty() && !selective {
-            return Err(
-                "--load-model needs --model-control-mode=explicit or on_demand (the others load every model)".into()
-            );
+            return Err("--load-model needs --model-control-mode=explicit or on_demand (none and poll load every \
+                        model; in modelmesh ModelMesh decides)"
+                .into());
         }
         let mesh = self.model_control_mode == ModelControlMode::ModelMesh;
         match (mesh, self.model_repositories.is_empty()) {
@@ -301,6 +306,7 @@ impl ServeArgs {
                 format!("--drain-delay-secs must be a number of seconds, got {}", self.drain_delay_secs)
             })?,
             http_address: self.http_address,
+            grpc_address: self.grpc_address.unwrap_or(self.http_address),
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
             strict_readiness: self.strict_readiness,

@@ -23,12 +23,13 @@ def test_every_manifest_validates():
     result = validate(*MANIFESTS)
     assert result.returncode == 0, result.stdout + result.stderr
     kinds = re.findall(r"\((\w+)\)", result.stdout)
-    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "Service", "ServingRuntime"], \
+    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "InferenceService", "Service",
+                            "ServingRuntime"], \
         result.stdout
 
 
 @pytest.mark.parametrize("file, right, wrong, message", [
-    ("kserve/cluster-serving-runtime.yaml", "multiModel: true", "multiModell: true", "has no field 'multiModell'"),
+    ("kserve/cluster-serving-runtime.yaml", "multiModel: false", "multiModell: false", "has no field 'multiModell'"),
     ("kserve/cluster-serving-runtime.yaml", "failureThreshold: 120", "failureTreshold: 120", "failureTreshold"),
     ("kserve/inference-service.yaml", "runtime: plinth", "runtimes: plinth", "has no field 'runtimes'"),
     ("kubernetes/deployment.yaml", "periodSeconds: 10", "periodSecond: 10", "periodSecond"),
@@ -67,3 +68,12 @@ def test_the_modelmesh_runtime_serves_both_endpoints_on_its_grpc_port():
     port = next(a.split("=")[1] for a in args if a.startswith("--grpc-port="))
     assert spec["grpcEndpoint"] == spec["grpcDataEndpoint"] == f"port:{port}"
     assert spec["multiModel"] and not spec["storageHelper"]["disabled"], "the puller hands Plinth local paths"
+    assert "--grpc-address=127.0.0.1" in args, "only the pod's own containers may load and unload"
+    resources = spec["containers"][0]["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"], "capacity follows the limit"
+    service = yaml.safe_load((ROOT / "deploy/modelmesh/inference-service.yaml").read_text())
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "ModelMesh"
+    assert service["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
+    # In KServe multiModel marks a ModelMesh runtime, which plain InferenceServices never select.
+    plain = yaml.safe_load((ROOT / "deploy/kserve/cluster-serving-runtime.yaml").read_text())
+    assert plain["spec"]["multiModel"] is False

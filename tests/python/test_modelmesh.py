@@ -9,7 +9,9 @@ requests still running, and a load that runtimeStatus aborts."""
 
 import concurrent.futures
 import json
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +123,14 @@ def rss(server):
     """The server's resident memory in bytes, as the kernel counts it."""
     status = pathlib.Path(f"/proc/{server.proc.pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def queued(server, model_id):
+    """Requests queued for `model_id`, from Plinth's metrics."""
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics") as response:
+        text = response.read().decode()
+    found = re.search(rf'nv_inference_pending_request_count{{model="{re.escape(model_id)}",version="1"}} (\d+)', text)
+    return int(found.group(1)) if found else 0
 
 
 def infer(server, model_id, model_name, x, output, input_name="x"):
@@ -294,16 +304,27 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
         assert "loaded already" in failure.value.details()
         assert mesh.load("mobilenet__isvc-0003", mobilenet) == mesh.size("mobilenet__isvc-0003")
 
-        # unloadModel returns only after the requests running on the model finished.
+        # unloadModel returns only after the requests on the model (one
+        # running, at least two queued) have finished, each with its answer.
         x = np.repeat(photo(ROOT / ".cache/samples/china.jpg"), 16, axis=0)
+
+        def timed_infer():
+            logits = infer(server, "mobilenet__isvc-0003", "m", x, "OUTPUT__0", "INPUT__0")
+            return logits, time.monotonic()
+
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            requests = [pool.submit(infer, server, "mobilenet__isvc-0003", "m", x, "OUTPUT__0", "INPUT__0")
-                        for _ in range(4)]
-            time.sleep(0.2)
+            requests = [pool.submit(timed_infer) for _ in range(4)]
+            deadline = time.monotonic() + 30
+            while queued(server, "mobilenet__isvc-0003") < 2:
+                assert time.monotonic() < deadline, "the requests never queued"
+                time.sleep(0.005)
             mesh.unload("mobilenet__isvc-0003")
-            assert all(r.done() for r in requests), "unloadModel returned while requests still ran"
-        for r in requests:
-            assert (r.result().argmax(axis=1) == 698).all()
+            unloaded = time.monotonic()
+        answered = [r.result() for r in requests if r.exception() is None]
+        assert len(answered) >= 3, [r.exception() for r in requests]
+        for logits, finished in answered:
+            assert (logits.argmax(axis=1) == 698).all()
+            assert finished <= unloaded, "unloadModel returned while requests still ran"
         expect_not_found(server, "mobilenet__isvc-0003")
 
         # runtimeStatus while a load runs: the load is undone and says so.
@@ -316,3 +337,25 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
         assert mesh.index() == []
     finally:
         server.stop()
+
+
+def test_ids_beyond_ascii_and_the_start_up_checks(mmesh, pulled):
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--grpc-address", "127.0.0.1")
+    try:
+        mesh = Mesh(server, mmesh)
+        mesh.status()
+        # A non-ASCII id travels in ModelMesh's binary header, mm-model-id-bin.
+        mesh.load("classifieur-ü", pulled["ocr-cls__isvc-0001"])
+        client = grpcclient.InferenceServerClient(url=server.grpc_url)
+        inp = grpcclient.InferInput("x", [1, 3, 48, 192], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 3, 48, 192), np.float32))
+        result = client.infer("any", [inp], headers={"mm-model-id-bin": "classifieur-ü".encode()})
+        assert result.get_response().model_name == "classifieur-ü"
+    finally:
+        server.stop()
+    # ModelMesh would place ONNX models on a runtime that cannot load them.
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DYLIB_PATH"}
+    started = subprocess.run([ROOT / "target/release/plinth", "serve", "--model-control-mode", "modelmesh",
+                              "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode != 0 and "ORT_DYLIB_PATH" in started.stderr, started.stderr

@@ -242,7 +242,8 @@ impl Lifecycle {
         if self.registry.has_ready(id) {
             let placed = self.placed.lock().expect("placed lock");
             let from = placed.get(id).map(|p| p.source.clone()).unwrap_or_default();
-            if from != source.path() {
+            let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok() == b.canonicalize().ok();
+            if !same(&from, source.path()) {
                 return Err(MeshLoadError::Invalid(format!(
                     "model '{id}' is loaded already, from {}; unload it before loading {}",
                     from.display(),

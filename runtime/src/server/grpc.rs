@@ -199,10 +199,16 @@ impl GrpcInferenceService for Grpc {
 }
 
 /// The model id ModelMesh sends with a forwarded request, which names the
-/// model in place of the request's own field.
+/// model in place of the request's own field: `mm-model-id`, or for an id
+/// that is not ASCII, `mm-model-id-bin` (gRPC binary metadata, UTF-8).
 fn mesh_model_id<T>(request: &Request<T>) -> Option<String> {
-    let id = request.metadata().get(super::modelmesh::MODEL_ID_HEADER)?;
-    id.to_str().ok().map(str::to_owned)
+    use super::modelmesh::MODEL_ID_HEADER;
+    let metadata = request.metadata();
+    if let Some(id) = metadata.get(MODEL_ID_HEADER) {
+        return id.to_str().ok().map(str::to_owned);
+    }
+    let id = metadata.get_bin(format!("{MODEL_ID_HEADER}-bin"))?.to_bytes().ok()?;
+    String::from_utf8(id.to_vec()).ok()
 }
 
 /// A non-negative integer request parameter (`priority`, `timeout`).

@@ -51,8 +51,10 @@ pub struct ServeOptions {
     pub metrics_port: Option<u16>,
     /// Port of the gRPC services; `None` serves no gRPC.
     pub grpc_port: Option<u16>,
-    /// Address the HTTP server binds.
+    /// Address the HTTP and metrics servers bind.
     pub http_address: std::net::IpAddr,
+    /// Address the gRPC server binds.
+    pub grpc_address: std::net::IpAddr,
     /// 0 picks a free port (logged at start).
     pub http_port: u16,
     /// Largest request body accepted, in bytes (413 beyond).
@@ -240,6 +242,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         }
     }
     let runtimes = Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
+    if opts.control_mode == ControlMode::ModelMesh {
+        // ModelMesh would place ONNX models here and see every load fail.
+        if runtimes.onnx.is_none() {
+            return Err(format!("modelmesh mode serves ONNX models: {}", crate::backend::onnx::HINT));
+        }
+        let capacity = opts.load_limits.budget.bytes.unwrap_or(0);
+        tracing::info!(capacity_bytes = capacity, "modelmesh mode: ModelMesh loads and unloads models");
+    }
     let registry = Arc::new(Registry::default());
     let metrics = runtimes.metrics.clone();
     let plugin_models = runtimes.plugins.models().clone();
@@ -279,7 +289,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     }
 
     let grpc = match opts.grpc_port {
-        Some(port) => Some(start_grpc(state.clone(), SocketAddr::new(opts.http_address, port)).await?),
+        Some(port) => Some(start_grpc(state.clone(), SocketAddr::new(opts.grpc_address, port)).await?),
         None => None,
     };
 

@@ -95,14 +95,14 @@ impl ModelRuntime for MeshRuntime {
         let r = request.into_inner();
         let key = ModelKey::parse(&r.model_key)?;
         let source = Source::of(Path::new(&r.model_path), &key.model_type(&r.model_type))?;
-        tracing::info!(model = %r.model_id, path = %r.model_path, "modelmesh: loadModel");
+        tracing::info!(model = ?r.model_id, path = ?r.model_path, "modelmesh: loadModel");
         let bytes = self.state.lifecycle.load_placed(&r.model_id, source).await?;
         Ok(Response::new(proto::LoadModelResponse { size_in_bytes: bytes, max_concurrency: 0 }))
     }
 
     async fn unload_model(&self, request: Request<proto::UnloadModelRequest>) -> Answer<proto::UnloadModelResponse> {
         let id = request.into_inner().model_id;
-        tracing::info!(model = %id, "modelmesh: unloadModel");
+        tracing::info!(model = ?id, "modelmesh: unloadModel");
         self.state.lifecycle.unload_placed(&id).await;
         Ok(Response::new(proto::UnloadModelResponse {}))
     }
@@ -132,6 +132,7 @@ impl ModelRuntime for MeshRuntime {
         if started {
             // ModelMesh asks only when it (re)starts, and then knows of no
             // model here: whatever is loaded would be counted nowhere.
+            tracing::info!("modelmesh: runtimeStatus: unloading every model before answering READY");
             self.state.lifecycle.purge().await;
         }
         let limits = self.state.lifecycle.limits();
