@@ -113,7 +113,8 @@ pub struct Lifecycle {
     residency: Residency,
     /// Models never evicted: those named by `--load-model` in on-demand mode.
     pinned: Mutex<Vec<String>>,
-    /// Modelmesh mode: where each model id's files are.
+    /// Modelmesh mode: where each model id's files are, and its staging
+    /// folder.
     placed: Mutex<HashMap<String, modelmesh::Placed>>,
     /// Modelmesh mode: how many times `runtimeStatus` unloaded everything.
     purges: std::sync::atomic::AtomicU64,
@@ -422,9 +423,6 @@ impl Lifecycle {
     }
 
     fn find(&self, name: &str) -> Option<ModelDir> {
-        if self.mode == ControlMode::ModelMesh {
-            return self.placed.lock().expect("placed lock").get(name).map(|p| p.dir.clone());
-        }
         if !repository::is_model_name(name) {
             return None;
         }

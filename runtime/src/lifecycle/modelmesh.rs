@@ -19,7 +19,7 @@ use crate::repository::{self, Fingerprint, ModelDir};
 /// A model's files as ModelMesh placed them.
 pub(super) struct Placed {
     /// The model folder loads read.
-    pub dir: ModelDir,
+    dir: ModelDir,
     /// The path ModelMesh gave.
     source: PathBuf,
     /// For a single model file: the folder that gives it the Triton layout
