@@ -15,6 +15,7 @@ serve: setup
 	target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
 
 test: setup
+	python3 scripts/check_layers.py
 	cargo test --release --workspace --all-features
 	.venv/bin/python -m pytest -q tests/python
 

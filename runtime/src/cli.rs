@@ -81,28 +81,6 @@ pub struct CheckArgs {
     pub ort_dylib_path: Option<PathBuf>,
 }
 
-/// `--model-control-mode` values (Triton's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ModelControlMode {
-    /// Load every model at start; never change.
-    None,
-    /// Load every model at start, then follow the repositories' changes.
-    Poll,
-    /// Load `--load-model` models at start; then the repository API decides.
-    Explicit,
-    /// Like explicit, and a request for a model that is not in memory loads
-    /// it, evicting the least recently used ones to stay within
-    /// `--model-memory-budget` / `--max-loaded-models`.
-    #[value(name = "on_demand")]
-    OnDemand,
-    /// ModelMesh decides: models load and unload through the
-    /// `mmesh.ModelRuntime` gRPC service, from the paths it gives, under its
-    /// model ids; nothing is evicted, and `--model-memory-budget` only
-    /// refuses loads that do not fit. No `--model-repository`.
-    #[value(name = "modelmesh")]
-    ModelMesh,
-}
-
 /// Flags of `plinth serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -111,8 +89,8 @@ pub struct ServeArgs {
     pub model_repositories: Vec<PathBuf>,
 
     /// How the loaded models change after start.
-    #[arg(long, value_enum, default_value_t = ModelControlMode::None)]
-    pub model_control_mode: ModelControlMode,
+    #[arg(long, value_enum, default_value_t = ControlMode::None)]
+    pub model_control_mode: ControlMode,
 
     /// Poll mode: seconds between two looks at the repositories. A changed
     /// folder is loaded once its files stayed the same for this long.
@@ -246,13 +224,13 @@ impl ServeArgs {
     /// # Errors
     /// A message for flags that contradict each other.
     pub fn options(&self) -> Result<ServeOptions, String> {
-        let selective = matches!(self.model_control_mode, ModelControlMode::Explicit | ModelControlMode::OnDemand);
+        let selective = matches!(self.model_control_mode, ControlMode::Explicit | ControlMode::OnDemand);
         if !self.load_models.is_empty() && !selective {
             return Err("--load-model needs --model-control-mode=explicit or on_demand (none and poll load every \
                         model; in modelmesh ModelMesh decides)"
                 .into());
         }
-        let mesh = self.model_control_mode == ModelControlMode::ModelMesh;
+        let mesh = self.model_control_mode == ControlMode::ModelMesh;
         match (mesh, self.model_repositories.is_empty()) {
             (true, false) => {
                 return Err("--model-control-mode=modelmesh takes no --model-repository: \
@@ -263,7 +241,7 @@ impl ServeArgs {
             _ => {}
         }
         let budgeted = self.model_memory_budget.is_some() || self.max_loaded_models.is_some();
-        if budgeted && !matches!(self.model_control_mode, ModelControlMode::OnDemand | ModelControlMode::ModelMesh) {
+        if budgeted && !matches!(self.model_control_mode, ControlMode::OnDemand | ControlMode::ModelMesh) {
             return Err("--model-memory-budget and --max-loaded-models need --model-control-mode=on_demand, \
                         where models leave memory and come back on the next request \
                         (or, for the budget, modelmesh)"
@@ -280,13 +258,7 @@ impl ServeArgs {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Ok(ServeOptions {
             model_repositories: self.model_repositories.clone(),
-            control_mode: match self.model_control_mode {
-                ModelControlMode::None => ControlMode::None,
-                ModelControlMode::Poll => ControlMode::Poll,
-                ModelControlMode::Explicit => ControlMode::Explicit,
-                ModelControlMode::OnDemand => ControlMode::OnDemand,
-                ModelControlMode::ModelMesh => ControlMode::ModelMesh,
-            },
+            control_mode: self.model_control_mode,
             load_limits: LoadLimits {
                 // A load's size is the memory the process grew by during it:
                 // loads side by side would count each other's.

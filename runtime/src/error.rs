@@ -1,5 +1,8 @@
-//! The error type of the request path. Each variant is one of the protocol's
-//! error classes; the HTTP layer maps them to status codes.
+//! The error types every layer shares: [`Error`], why a request failed, and
+//! [`LoadError`], why a model did not load. Each variant is one class of
+//! failure; the front ends map the classes to protocol statuses in one
+//! place each (`server::error` for HTTP, `server::grpc` and
+//! `server::modelmesh` for gRPC).
 
 /// Why a request failed. The message is shown to the client as is, so it
 /// names what was wrong and what was expected.
@@ -25,4 +28,54 @@ pub enum Error {
     /// A failure on the server's side (HTTP 500).
     #[error("{0}")]
     Internal(String),
+}
+
+/// Why a model (or one of its versions) did not load. The message names the
+/// model and what was wrong.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LoadError {
+    /// Nothing was tried: the request names no model folder, an id or path
+    /// that cannot be served, or an operation the control mode does not
+    /// allow.
+    #[error("{0}")]
+    Invalid(String),
+    /// Nothing was tried: the model does not fit the memory budget.
+    #[error("{0}")]
+    NoRoom(String),
+    /// The load was tried and failed: the configuration, the model file, the
+    /// plugin or the warm-up; or the loaded model turned out not to fit.
+    /// Nothing of it stays loaded.
+    #[error("{0}")]
+    Failed(String),
+    /// ModelMesh's `runtimeStatus` unloaded every model while this load ran.
+    #[error("{0}")]
+    Aborted(String),
+}
+
+impl LoadError {
+    /// The same error with its message put through `f` (to add context).
+    pub fn map_message(self, f: impl FnOnce(String) -> String) -> LoadError {
+        match self {
+            LoadError::Invalid(m) => LoadError::Invalid(f(m)),
+            LoadError::NoRoom(m) => LoadError::NoRoom(f(m)),
+            LoadError::Failed(m) => LoadError::Failed(f(m)),
+            LoadError::Aborted(m) => LoadError::Aborted(f(m)),
+        }
+    }
+
+    /// The message alone.
+    pub fn message(&self) -> &str {
+        match self {
+            LoadError::Invalid(m) | LoadError::NoRoom(m) | LoadError::Failed(m) | LoadError::Aborted(m) => m,
+        }
+    }
+}
+
+impl From<LoadError> for Error {
+    /// A load asked for through the repository extension (`load`, the
+    /// `config` override): Triton answers every failure to load as a bad
+    /// request (HTTP 400, gRPC INVALID_ARGUMENT), with the reason.
+    fn from(e: LoadError) -> Error {
+        Error::InvalidArgument(e.to_string())
+    }
 }

@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod model;
 pub mod plugin;
+pub mod protocol;
 pub mod registry;
 pub mod repository;
 pub mod residency;

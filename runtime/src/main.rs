@@ -67,7 +67,7 @@ fn check_plugin(file: &std::path::Path) -> Result<(), String> {
     println!(
         "{}: built against plinth:plugin@{version}; this host runs it (it runs {})",
         file.display(),
-        plinth::plugin::WIT_VERSIONS.join(", ")
+        plinth::plugin::runs()
     );
     Ok(())
 }

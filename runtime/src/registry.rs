@@ -1,8 +1,11 @@
 //! The table of models the server knows and the state of each version, in
 //! the repository extension's terms (READY, LOADING, UNLOADING,
-//! UNAVAILABLE), and the resolution of a request's model name and version
-//! to a loaded model. `lifecycle` decides what changes; this module only
-//! records it.
+//! UNAVAILABLE; Triton's `docs/protocol/extension_model_repository.md`),
+//! and the resolution of a request's model name and version to a loaded
+//! model. `lifecycle` decides what changes; this module only records it.
+//!
+//! The table holds `Arc<M>`, a [`Model`] in the server; it calls nothing on
+//! it, so tests fill it with anything.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -11,38 +14,63 @@ use crate::error::Error;
 use crate::model::Model;
 
 /// The state of one model version.
-pub enum VersionState {
+pub enum VersionState<M = Model> {
     /// Being loaded and warmed up; not serving yet.
     Loading,
     /// Loaded and serving.
-    Ready(Arc<Model>),
+    Ready(Arc<M>),
     /// Tried and failed, or removed.
     Unavailable,
+}
+
+/// A model's or version's state as the repository index names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum RepositoryState {
+    /// Serving.
+    Ready,
+    /// Being loaded.
+    Loading,
+    /// Taken out of service, finishing the requests it accepted.
+    Unloading,
+    /// Not serving: not loaded, failed, unloaded or evicted.
+    Unavailable,
+}
+
+impl RepositoryState {
+    /// The name the index uses (`READY`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepositoryState::Ready => "READY",
+            RepositoryState::Loading => "LOADING",
+            RepositoryState::Unloading => "UNLOADING",
+            RepositoryState::Unavailable => "UNAVAILABLE",
+        }
+    }
 }
 
 /// One version of a model: its state, and why the last attempt to load it
 /// failed (empty when it did not). A READY version keeps serving when a
 /// reload of it fails; the reason then says so.
-pub struct Slot {
+pub struct Slot<M = Model> {
     /// Where the version stands.
-    pub state: VersionState,
+    pub state: VersionState<M>,
     /// The last failure, if any.
     pub reason: String,
     /// Measured memory footprint while READY, in bytes.
     pub bytes: u64,
 }
 
-impl Slot {
-    fn new(state: VersionState) -> Slot {
+impl<M> Slot<M> {
+    fn new(state: VersionState<M>) -> Slot<M> {
         Slot { state, reason: String::new(), bytes: 0 }
     }
 }
 
 /// A model's versions and standing.
-#[derive(Default)]
-pub struct ModelEntry {
+pub struct ModelEntry<M = Model> {
     /// The versions tried, by number.
-    pub versions: BTreeMap<u64, Slot>,
+    pub versions: BTreeMap<u64, Slot<M>>,
     /// Why the model could not be (re)loaded as a whole the last time it was
     /// tried (a `config.pbtxt` that does not parse, an unload), if so.
     pub error: Option<String>,
@@ -50,8 +78,14 @@ pub struct ModelEntry {
     pub wanted: bool,
 }
 
-impl ModelEntry {
-    fn ready(&self) -> impl DoubleEndedIterator<Item = (u64, &Arc<Model>)> {
+impl<M> Default for ModelEntry<M> {
+    fn default() -> Self {
+        ModelEntry { versions: BTreeMap::new(), error: None, wanted: false }
+    }
+}
+
+impl<M> ModelEntry<M> {
+    fn ready(&self) -> impl DoubleEndedIterator<Item = (u64, &Arc<M>)> {
         self.versions.iter().filter_map(|(v, s)| match &s.state {
             VersionState::Ready(m) => Some((*v, m)),
             _ => None,
@@ -68,7 +102,7 @@ pub struct IndexEntry {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub version: String,
     /// `READY`, `LOADING`, `UNLOADING` or `UNAVAILABLE`.
-    pub state: &'static str,
+    pub state: RepositoryState,
     /// Why it is UNAVAILABLE, or why its last reload failed; else empty.
     pub reason: String,
     /// Memory the version holds while READY (measured at load), in bytes.
@@ -77,22 +111,27 @@ pub struct IndexEntry {
 
 /// A version taken out of service that still has requests in flight: it
 /// stays in memory until the last of them drops its `Arc<Model>`.
-struct Draining {
+struct Draining<M> {
     name: String,
     version: u64,
-    model: Weak<Model>,
+    model: Weak<M>,
 }
 
 /// All models, by name. Lookups take a short read lock.
-#[derive(Default)]
-pub struct Registry {
-    models: RwLock<BTreeMap<String, ModelEntry>>,
-    draining: Mutex<Vec<Draining>>,
+pub struct Registry<M = Model> {
+    models: RwLock<BTreeMap<String, ModelEntry<M>>>,
+    draining: Mutex<Vec<Draining<M>>>,
 }
 
-impl Registry {
+impl<M> Default for Registry<M> {
+    fn default() -> Self {
+        Registry { models: RwLock::default(), draining: Mutex::default() }
+    }
+}
+
+impl<M> Registry<M> {
     /// Runs `f` on the entry of `name`, creating an empty one if needed.
-    fn update<T>(&self, name: &str, f: impl FnOnce(&mut ModelEntry) -> T) -> T {
+    fn update<T>(&self, name: &str, f: impl FnOnce(&mut ModelEntry<M>) -> T) -> T {
         let mut models = self.models.write().expect("registry lock");
         f(models.entry(name.to_owned()).or_default())
     }
@@ -136,7 +175,7 @@ impl Registry {
     /// Version `version` of `name` is loaded, holding `bytes`: it serves
     /// from now on. A model it replaces finishes its in-flight requests, then
     /// is dropped.
-    pub fn set_ready(&self, name: &str, version: u64, model: Arc<Model>, bytes: u64) {
+    pub fn set_ready(&self, name: &str, version: u64, model: Arc<M>, bytes: u64) {
         let old = self.update(name, |e| {
             let slot = Slot { state: VersionState::Ready(model), reason: String::new(), bytes };
             e.versions.insert(version, slot).map(|s| s.state)
@@ -190,7 +229,7 @@ impl Registry {
     /// later requests get 503 with it; requests in flight finish first.
     /// Returns the models taken out, so the caller can drop them and give
     /// their memory back.
-    pub fn unload(&self, name: &str, reason: &str) -> Vec<Arc<Model>> {
+    pub fn unload(&self, name: &str, reason: &str) -> Vec<Arc<M>> {
         let old = self.update(name, |e| {
             e.wanted = false;
             e.error = Some(reason.to_owned());
@@ -225,7 +264,7 @@ impl Registry {
         models.get(name).is_some_and(|e| e.ready().any(|(_, m)| Arc::strong_count(m) > 1))
     }
 
-    fn drain(&self, name: &str, version: u64, model: &Arc<Model>) {
+    fn drain(&self, name: &str, version: u64, model: &Arc<M>) {
         let mut draining = self.draining.lock().expect("draining lock");
         draining.push(Draining { name: name.to_owned(), version, model: Arc::downgrade(model) });
     }
@@ -237,7 +276,7 @@ impl Registry {
     }
 
     /// Every READY version of model `name`, or of every model for `None`.
-    pub fn ready_models(&self, name: Option<&str>) -> Vec<Arc<Model>> {
+    pub fn ready_models(&self, name: Option<&str>) -> Vec<Arc<M>> {
         let models = self.models.read().expect("registry lock");
         let entries = models.iter().filter(|(n, _)| name.is_none_or(|name| n.as_str() == name));
         entries.flat_map(|(_, e)| e.ready().map(|(_, m)| m.clone())).collect()
@@ -249,7 +288,7 @@ impl Registry {
     /// # Errors
     /// [`Error::NotFound`] for an unknown model or version;
     /// [`Error::Unavailable`] with the reason when it is not READY.
-    pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<Model>, Error> {
+    pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<M>, Error> {
         let models = self.models.read().expect("registry lock");
         let entry = models.get(name).ok_or_else(|| Error::NotFound(format!("unknown model '{name}'")))?;
         match version {
@@ -288,16 +327,16 @@ impl Registry {
                     rows.push(IndexEntry {
                         name: name.clone(),
                         version: String::new(),
-                        state: "UNAVAILABLE",
+                        state: RepositoryState::Unavailable,
                         reason: reason.clone(),
                         resident_bytes: 0,
                     });
                 }
                 for (v, slot) in &entry.versions {
                     let (state, resident_bytes) = match slot.state {
-                        VersionState::Loading => ("LOADING", 0),
-                        VersionState::Ready(_) => ("READY", slot.bytes),
-                        VersionState::Unavailable => ("UNAVAILABLE", 0),
+                        VersionState::Loading => (RepositoryState::Loading, 0),
+                        VersionState::Ready(_) => (RepositoryState::Ready, slot.bytes),
+                        VersionState::Unavailable => (RepositoryState::Unavailable, 0),
                     };
                     rows.push(IndexEntry {
                         name: name.clone(),
@@ -315,17 +354,18 @@ impl Registry {
             rows.push(IndexEntry {
                 name: d.name.clone(),
                 version: d.version.to_string(),
-                state: "UNLOADING",
+                state: RepositoryState::Unloading,
                 reason: String::new(),
                 resident_bytes: 0,
             });
         }
-        rows.sort_by(|a, b| (&a.name, &a.version).cmp(&(&b.name, &b.version)));
+        // Versions in numeric order (9 before 10); a model's own row first.
+        rows.sort_by_key(|row| (row.name.clone(), row.version.parse::<u64>().ok()));
         rows
     }
 }
 
-fn unavailable_reason(name: &str, entry: &ModelEntry) -> String {
+fn unavailable_reason<M>(name: &str, entry: &ModelEntry<M>) -> String {
     if let Some(reason) = &entry.error {
         return format!("model '{name}' is UNAVAILABLE: {reason}");
     }
@@ -341,5 +381,101 @@ fn unavailable_reason(name: &str, entry: &ModelEntry) -> String {
         format!("model '{name}' has no version to serve")
     } else {
         format!("model '{name}' is UNAVAILABLE: {}", reasons.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry of stand-ins: it never looks inside what it holds.
+    fn registry() -> Registry<&'static str> {
+        Registry::default()
+    }
+
+    fn rows(r: &Registry<&'static str>) -> Vec<(String, String, &'static str)> {
+        r.index().into_iter().map(|row| (row.name, row.version, row.state.as_str())).collect()
+    }
+
+    #[test]
+    fn requests_reach_the_highest_ready_version_or_the_one_named() {
+        let r = registry();
+        r.begin_load("m", true);
+        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_ready("m", 2, Arc::new("two"), 20);
+        r.set_loading("m", 3);
+        assert_eq!(*r.resolve("m", None).unwrap(), "two");
+        assert_eq!(*r.resolve("m", Some(1)).unwrap(), "one");
+        assert_eq!(r.resolve("m", Some(3)).err(), Some(Error::Unavailable("model 'm' version 3 is LOADING".into())));
+        assert_eq!(r.resolve("m", Some(4)).err(), Some(Error::NotFound("model 'm' has no version 4".into())));
+        assert_eq!(r.resolve("x", None).err(), Some(Error::NotFound("unknown model 'x'".into())));
+        assert_eq!(r.ready_versions("m"), [1, 2]);
+    }
+
+    #[test]
+    fn a_failed_reload_keeps_the_ready_version_serving_with_the_reason() {
+        let r = registry();
+        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_loading("m", 1);
+        r.set_failed("m", 1, "broken file");
+        assert_eq!(*r.resolve("m", Some(1)).unwrap(), "one");
+        let row = r.index().pop().unwrap();
+        assert_eq!((row.state, row.reason.as_str(), row.resident_bytes), (RepositoryState::Ready, "broken file", 10));
+        r.set_failed("m", 2, "no such file");
+        assert_eq!(
+            r.resolve("m", Some(2)).err(),
+            Some(Error::Unavailable("model 'm' version 2 is UNAVAILABLE: no such file".into()))
+        );
+    }
+
+    #[test]
+    fn a_replaced_or_retired_version_drains_until_its_last_request_lets_go() {
+        let r = registry();
+        r.set_ready("m", 1, Arc::new("old"), 10);
+        let in_flight = r.resolve("m", Some(1)).unwrap();
+        assert!(r.is_busy("m"));
+        r.set_ready("m", 2, Arc::new("new"), 10);
+        r.retire_versions("m", &[2]);
+        assert_eq!(rows(&r), [("m".into(), "1".into(), "UNLOADING"), ("m".into(), "2".into(), "READY")]);
+        drop(in_flight);
+        assert_eq!(rows(&r), [("m".into(), "2".into(), "READY")]);
+        assert!(!r.is_busy("m"));
+    }
+
+    #[test]
+    fn versions_stay_until_one_that_is_kept_is_ready() {
+        let r = registry();
+        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_failed("m", 2, "broken");
+        r.retire_versions("m", &[2]);
+        assert_eq!(*r.resolve("m", None).unwrap(), "one", "nothing retired while the new version is not READY");
+    }
+
+    #[test]
+    fn unloading_takes_every_version_out_and_says_why() {
+        let r = registry();
+        r.begin_load("m", true);
+        r.set_ready("m", 1, Arc::new("one"), 10);
+        assert!(r.all_ready());
+        let taken = r.unload("m", "unloaded");
+        assert_eq!(taken.len(), 1);
+        assert_eq!(r.resolve("m", None).err(), Some(Error::Unavailable("model 'm' is UNAVAILABLE: unloaded".into())));
+        assert!(r.all_ready(), "an unloaded model no longer counts for readiness");
+        r.add_unloaded("other", "not loaded");
+        assert!(r.all_ready(), "nor does a model that was never loaded");
+        r.begin_load("other", true);
+        assert!(!r.all_ready());
+    }
+
+    #[test]
+    fn the_index_lists_versions_in_numeric_order() {
+        let r = registry();
+        for v in [10, 2, 9] {
+            r.set_ready("m", v, Arc::new("x"), 1);
+        }
+        r.add_unloaded("a", "not loaded");
+        let listed: Vec<(String, String)> = rows(&r).into_iter().map(|(n, v, _)| (n, v)).collect();
+        let want = [("a", ""), ("m", "2"), ("m", "9"), ("m", "10")];
+        assert_eq!(listed, want.map(|(n, v)| (n.to_owned(), v.to_owned())));
     }
 }

@@ -1,11 +1,13 @@
-//! Which models are in memory, how many bytes each holds, and which to evict
-//! when a byte budget would be exceeded: least recently used first, never a
-//! pinned model, and a busy one only when no idle one is left.
+//! Which models are in memory, how many bytes each holds, which are pinned,
+//! and which to evict when a byte budget would be exceeded: least recently
+//! used first, never a pinned model, and a busy one only when no idle one is
+//! left. Where another system decides placement (ModelMesh), nothing is
+//! chosen and a model that does not fit is refused ([`Admission`]).
 //!
 //! This module keeps the accounting and makes the choices; `lifecycle`
 //! carries them out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use lru::LruCache;
@@ -17,6 +19,16 @@ pub struct Budget {
     pub bytes: Option<u64>,
     /// Number of resident models (`--max-loaded-models`).
     pub models: Option<usize>,
+}
+
+/// What happens when a model needs more room than the budget has free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The least recently used models leave (on-demand mode).
+    EvictLeastRecentlyUsed,
+    /// The model is refused; nothing leaves (modelmesh mode, where
+    /// ModelMesh evicts across pods).
+    RefuseWhenFull,
 }
 
 /// One resident model.
@@ -36,6 +48,9 @@ struct State {
     /// The last measured footprint of every model ever loaded, resident or
     /// not: the size to make room for before loading it again.
     footprints: HashMap<String, u64>,
+    /// Models never evicted whatever their configuration says
+    /// (`--load-model` in on-demand mode).
+    pinned: HashSet<String>,
 }
 
 impl State {
@@ -47,13 +62,46 @@ impl State {
 /// The residency manager.
 pub struct Residency {
     budget: Budget,
+    admission: Admission,
     state: Mutex<State>,
 }
 
 impl Residency {
-    /// A manager for `budget`.
-    pub fn new(budget: Budget) -> Residency {
-        Residency { budget, state: Mutex::default() }
+    /// A manager for `budget` that makes room as `admission` says.
+    pub fn new(budget: Budget, admission: Admission) -> Residency {
+        Residency { budget, admission, state: Mutex::default() }
+    }
+
+    /// The budget.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Pins `name`: it is never evicted.
+    pub fn pin(&self, name: &str) {
+        self.state.lock().expect("residency lock").pinned.insert(name.to_owned());
+    }
+
+    /// Whether `name` was pinned with [`Residency::pin`].
+    pub fn is_pinned(&self, name: &str) -> bool {
+        self.state.lock().expect("residency lock").pinned.contains(name)
+    }
+
+    /// Room for `need` more bytes for `name`: the models to evict for it
+    /// (none under [`Admission::RefuseWhenFull`]), chosen as
+    /// [`Residency::victims`] chooses; `busy` tells which models have
+    /// requests in flight.
+    ///
+    /// # Errors
+    /// A message with both sizes when `need` exceeds the whole budget
+    /// (nothing is evicted), or, under [`Admission::RefuseWhenFull`], the
+    /// room that is left.
+    pub fn make_room(&self, name: &str, need: u64, busy: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
+        self.check_fits(name, need)?;
+        match self.admission {
+            Admission::EvictLeastRecentlyUsed => Ok(self.victims(name, need, busy)),
+            Admission::RefuseWhenFull => self.check_free(name, need).map(|()| Vec::new()),
+        }
     }
 
     /// Records a use of `name`: it becomes the most recently used.
@@ -137,11 +185,13 @@ impl Residency {
     }
 
     /// Records `name` as resident with its measured footprint, most recently
-    /// used.
-    pub fn admit(&self, name: &str, resident: Resident) {
+    /// used; pinned if `pinned` (its configuration says so) or it was
+    /// pinned with [`Residency::pin`].
+    pub fn admit(&self, name: &str, bytes: u64, pinned: bool) {
         let mut state = self.state.lock().expect("residency lock");
-        state.footprints.insert(name.to_owned(), resident.bytes);
-        state.lru().put(name.to_owned(), resident);
+        let pinned = pinned || state.pinned.contains(name);
+        state.footprints.insert(name.to_owned(), bytes);
+        state.lru().put(name.to_owned(), Resident { bytes, pinned });
     }
 
     /// Records that `name` left memory.
@@ -195,14 +245,14 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn manager(bytes: u64) -> Residency {
-        Residency::new(Budget { bytes: Some(bytes), models: None })
+        Residency::new(Budget { bytes: Some(bytes), models: None }, Admission::EvictLeastRecentlyUsed)
     }
 
     #[test]
     fn the_least_recently_used_model_leaves_first() {
         let r = manager(25 * MIB);
-        r.admit("a", Resident { bytes: 10 * MIB, pinned: false });
-        r.admit("b", Resident { bytes: 10 * MIB, pinned: false });
+        r.admit("a", 10 * MIB, false);
+        r.admit("b", 10 * MIB, false);
         r.touch("a");
         assert_eq!(r.victims("c", 10 * MIB, |_| false), ["b"]);
         assert_eq!(r.victims("c", 4 * MIB, |_| false), Vec::<String>::new(), "it fits without evicting");
@@ -212,9 +262,9 @@ mod tests {
     #[test]
     fn pinned_models_stay_and_busy_ones_go_last() {
         let r = manager(25 * MIB);
-        r.admit("pinned", Resident { bytes: 10 * MIB, pinned: true });
-        r.admit("busy", Resident { bytes: 5 * MIB, pinned: false });
-        r.admit("idle", Resident { bytes: 5 * MIB, pinned: false });
+        r.admit("pinned", 10 * MIB, true);
+        r.admit("busy", 5 * MIB, false);
+        r.admit("idle", 5 * MIB, false);
         r.touch("busy");
         assert_eq!(r.victims("new", 10 * MIB, |n| n == "busy"), ["idle"]);
         assert_eq!(r.victims("new", 15 * MIB, |n| n == "busy"), ["idle", "busy"]);
@@ -225,9 +275,9 @@ mod tests {
     fn a_model_larger_than_the_budget_is_refused_and_the_count_limit_holds() {
         let r = manager(25 * MIB);
         assert!(r.check_fits("big", 30 * MIB).unwrap_err().contains("30.0 MiB"));
-        let counted = Residency::new(Budget { bytes: None, models: Some(2) });
-        counted.admit("a", Resident { bytes: 1, pinned: false });
-        counted.admit("b", Resident { bytes: 1, pinned: false });
+        let counted = Residency::new(Budget { bytes: None, models: Some(2) }, Admission::EvictLeastRecentlyUsed);
+        counted.admit("a", 1, false);
+        counted.admit("b", 1, false);
         assert_eq!(counted.victims("c", 1, |_| false), ["a"]);
         assert_eq!(counted.victims("b", 1, |_| false), Vec::<String>::new(), "a resident model needs no room");
     }
@@ -235,8 +285,8 @@ mod tests {
     #[test]
     fn check_free_counts_the_others_and_evicts_nothing() {
         let r = manager(25 * MIB);
-        r.admit("a", Resident { bytes: 10 * MIB, pinned: false });
-        r.admit("b", Resident { bytes: 10 * MIB, pinned: false });
+        r.admit("a", 10 * MIB, false);
+        r.admit("b", 10 * MIB, false);
         assert!(r.check_free("c", 5 * MIB).is_ok());
         assert!(r.check_free("c", 6 * MIB).unwrap_err().contains("only 5.0 MiB of the 25.0 MiB"));
         assert!(r.check_free("b", 15 * MIB).is_ok(), "its own bytes are not counted twice");
@@ -245,9 +295,25 @@ mod tests {
     }
 
     #[test]
+    fn pinned_names_are_never_victims_and_refusing_budgets_evict_nothing() {
+        let r = manager(25 * MIB);
+        r.pin("kept");
+        r.admit("kept", 10 * MIB, false);
+        r.admit("other", 10 * MIB, false);
+        assert!(r.is_pinned("kept") && !r.is_pinned("other"));
+        assert_eq!(r.make_room("new", 15 * MIB, |_| false).unwrap(), ["other"]);
+        assert!(r.make_room("new", 30 * MIB, |_| false).unwrap_err().contains("whole --model-memory-budget"));
+
+        let mesh = Residency::new(Budget { bytes: Some(25 * MIB), models: None }, Admission::RefuseWhenFull);
+        mesh.admit("a", 10 * MIB, false);
+        assert_eq!(mesh.make_room("b", 15 * MIB, |_| false).unwrap(), Vec::<String>::new());
+        assert!(mesh.make_room("b", 16 * MIB, |_| false).unwrap_err().contains("only 15.0 MiB"));
+    }
+
+    #[test]
     fn footprints_are_remembered_after_eviction() {
         let r = manager(25 * MIB);
-        r.admit("a", Resident { bytes: 7 * MIB, pinned: false });
+        r.admit("a", 7 * MIB, false);
         r.remove("a");
         assert_eq!(r.known_footprint("a"), Some(7 * MIB));
         assert_eq!(r.used(), 0);

@@ -1,6 +1,8 @@
 //! Execution backends. The rest of the runtime sees only [`Backend`]; each
 //! framework lives in its own file.
 
+#[cfg(test)]
+pub mod fake;
 pub mod onnx;
 pub mod remote;
 #[cfg(feature = "libtorch")]
@@ -32,6 +34,47 @@ impl ModelIo {
     }
 }
 
+/// Which backend serves a model (Triton's backend names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// ONNX Runtime: platform `onnxruntime_onnx`, backend `onnxruntime`
+    /// (the default when the configuration names neither).
+    OnnxRuntime,
+    /// libtorch: platform `pytorch_libtorch`, backend `pytorch`.
+    Pytorch,
+    /// A model of a remote KServe v2 server: backend `remote`.
+    Remote,
+}
+
+impl BackendKind {
+    /// The backend a configuration's `platform` / `backend` names.
+    ///
+    /// # Errors
+    /// A message naming both for a pair Plinth does not serve.
+    pub fn of(config: &crate::config::ModelConfig) -> Result<BackendKind, String> {
+        match (config.platform.as_str(), config.backend.as_str()) {
+            ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::OnnxRuntime),
+            ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(BackendKind::Pytorch),
+            ("", "remote") => Ok(BackendKind::Remote),
+            (platform, backend) => Err(format!(
+                "platform '{platform}' / backend '{backend}' is not supported; Plinth serves platform \
+                 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch') \
+                 and backend 'remote'"
+            )),
+        }
+    }
+
+    /// Triton's backend name, as the served configuration's `backend` field
+    /// gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::OnnxRuntime => "onnxruntime",
+            BackendKind::Pytorch => "pytorch",
+            BackendKind::Remote => "remote",
+        }
+    }
+}
+
 /// Where one instance of a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -45,8 +88,8 @@ pub enum Placement {
 pub trait Backend: Send + Sync {
     /// The platform name reported in model metadata (`onnxruntime_onnx`).
     fn platform(&self) -> &str;
-    /// The Triton backend name in the served configuration (`onnxruntime`).
-    fn backend(&self) -> &'static str;
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
     /// The inputs the model file declares.
     fn inputs(&self) -> &[ModelIo];
     /// The outputs the model file declares.

@@ -10,7 +10,7 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
-use super::{Backend, BackendError, ModelIo};
+use super::{Backend, BackendError, BackendKind, ModelIo};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// How to get the ONNX Runtime library, for error messages.
@@ -98,8 +98,8 @@ impl Backend for OnnxModel {
         "onnxruntime_onnx"
     }
 
-    fn backend(&self) -> &'static str {
-        "onnxruntime"
+    fn kind(&self) -> BackendKind {
+        BackendKind::OnnxRuntime
     }
 
     fn inputs(&self) -> &[ModelIo] {

@@ -19,15 +19,11 @@ use backon::{BlockingRetryable, ExponentialBuilder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Backend, BackendError, ModelIo};
+use super::{Backend, BackendError, BackendKind, ModelIo};
 use crate::config::{self, ModelConfig, Signature};
-use crate::server::binary;
-use crate::server::v2_json::InputTensor;
+use crate::protocol::binary::{self, HEADER_LENGTH};
+use crate::protocol::json::InputTensor;
 use crate::tensor::{DataType, Tensor};
-
-/// The header giving the length of the JSON part of a body (KServe v2
-/// binary tensor data extension).
-const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
 
 /// The largest response read from a remote, in bytes.
 const MAX_RESPONSE_BYTES: u64 = 1 << 30;
@@ -363,8 +359,8 @@ impl Backend for RemoteModel {
         &self.platform
     }
 
-    fn backend(&self) -> &'static str {
-        "remote"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Remote
     }
 
     fn inputs(&self) -> &[ModelIo] {

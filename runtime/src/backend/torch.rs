@@ -14,7 +14,7 @@ use std::path::Path;
 
 use tch::{CModule, Device, IValue, Kind};
 
-use super::{Backend, BackendError, ModelIo, Placement};
+use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
 use crate::tensor::{DataType, Tensor, TensorSpec};
 
 /// The libtorch libraries the binary runs on; creates modules.
@@ -122,8 +122,8 @@ impl Backend for TorchModel {
         "pytorch_libtorch"
     }
 
-    fn backend(&self) -> &'static str {
-        "pytorch"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Pytorch
     }
 
     fn inputs(&self) -> &[ModelIo] {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::model_config;
+use super::core::model_config;
 use crate::model::{Model, Runtimes};
 use crate::repository;
 

@@ -3,18 +3,37 @@
 //! model loads from the local path ModelMesh's puller gives (a model folder
 //! in the Triton layout, or one model file) under ModelMesh's model id.
 //! Nothing is evicted: ModelMesh keeps its own LRU across pods, and the
-//! memory budget only refuses a load that cannot fit.
+//! memory budget only refuses a load that cannot fit
+//! (`residency::Admission::RefuseWhenFull`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedMutexGuard;
 
-use super::{Lifecycle, LoadLimits, ModelRecord};
+use super::core::{Core, LoadOptions, ModelRecord};
 use crate::config::CONFIG_FILE;
+use crate::error::LoadError;
 use crate::repository::{self, Fingerprint, ModelDir};
+
+/// Modelmesh mode's own state.
+#[derive(Default)]
+pub(super) struct ModelMesh {
+    /// Where each model id's files are, and its staging folder (shared
+    /// with the load tasks, which outlive a cancelled call).
+    placed: Arc<Mutex<HashMap<String, Placed>>>,
+    /// How many times `runtimeStatus` unloaded everything.
+    purges: AtomicU64,
+}
+
+/// ModelMesh's operations on the lifecycle (`Lifecycle::modelmesh`).
+pub struct Mesh<'a> {
+    pub(super) core: &'a Arc<Core>,
+    pub(super) state: &'a ModelMesh,
+}
 
 /// A model's files as ModelMesh placed them.
 pub(super) struct Placed {
@@ -38,25 +57,6 @@ impl Placed {
             None => reason.to_owned(),
         }
     }
-}
-
-/// Why a load ModelMesh asked for did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum MeshLoadError {
-    /// Nothing was tried: the id, path or type cannot be served.
-    #[error("{0}")]
-    Invalid(String),
-    /// Nothing was tried: the model's files alone exceed the room left in
-    /// the memory budget.
-    #[error("{0}")]
-    NoRoom(String),
-    /// The load failed, or the loaded model did not fit; nothing of it
-    /// stays loaded.
-    #[error("{0}")]
-    Failed(String),
-    /// `runtimeStatus` unloaded every model while this load ran.
-    #[error("{0}")]
-    Purged(String),
 }
 
 /// A predicted size is the model's files times this, plus
@@ -93,30 +93,30 @@ impl Source {
     /// (ModelMesh's model format name, e.g. `onnx`; may be empty).
     ///
     /// # Errors
-    /// [`MeshLoadError::Invalid`] naming the path when it does not exist or
+    /// [`LoadError::Invalid`] naming the path when it does not exist or
     /// is none of these, or for a TorchScript file alone (its inputs and
     /// outputs need a `config.pbtxt`).
-    pub fn of(path: &Path, model_type: &str) -> Result<Source, MeshLoadError> {
+    pub fn of(path: &Path, model_type: &str) -> Result<Source, LoadError> {
         if path.is_file() {
             return model_file(path, model_type);
         }
         if !path.is_dir() {
             let what = if path.exists() { "is neither a file nor a folder" } else { "does not exist" };
-            return Err(MeshLoadError::Invalid(format!("modelPath {} {what}", path.display())));
+            return Err(LoadError::Invalid(format!("modelPath {} {what}", path.display())));
         }
         let folder = ModelDir { name: String::new(), path: path.to_owned() };
         if path.join(CONFIG_FILE).is_file() || !repository::versions(&folder).is_empty() {
             return Ok(Source::Folder(path.to_owned()));
         }
         let files: Vec<PathBuf> = std::fs::read_dir(path)
-            .map_err(|e| MeshLoadError::Invalid(format!("cannot read modelPath {}: {e}", path.display())))?
+            .map_err(|e| LoadError::Invalid(format!("cannot read modelPath {}: {e}", path.display())))?
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
             .collect();
         match files.as_slice() {
             [file] => model_file(file, model_type),
-            _ => Err(MeshLoadError::Invalid(format!(
+            _ => Err(LoadError::Invalid(format!(
                 "modelPath {} is neither a model folder ({CONFIG_FILE}, numeric version folders) nor one model file",
                 path.display()
             ))),
@@ -161,15 +161,15 @@ impl Source {
     }
 }
 
-fn model_file(path: &Path, model_type: &str) -> Result<Source, MeshLoadError> {
+fn model_file(path: &Path, model_type: &str) -> Result<Source, LoadError> {
     let extension = path.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
     match (extension.as_str(), model_type) {
         ("onnx", _) | (_, "onnx") => Ok(Source::OnnxFile(path.to_owned())),
-        ("pt" | "pth", _) | (_, "pytorch") => Err(MeshLoadError::Invalid(format!(
+        ("pt" | "pth", _) | (_, "pytorch") => Err(LoadError::Invalid(format!(
             "{} is a TorchScript file, which records no input or output types: give a model folder with its {CONFIG_FILE}",
             path.display()
         ))),
-        _ => Err(MeshLoadError::Invalid(format!(
+        _ => Err(LoadError::Invalid(format!(
             "cannot tell the format of {}: name it .onnx or give the model type 'onnx'",
             path.display()
         ))),
@@ -188,91 +188,55 @@ pub fn predict_size(path: &Path, model_type: &str, disk_bytes: Option<u64>) -> u
 
 /// Whether `id` can name a model: not empty, no control characters (they
 /// cannot travel in a gRPC header, and name threads and metrics).
-fn check_id(id: &str) -> Result<(), MeshLoadError> {
+fn check_id(id: &str) -> Result<(), LoadError> {
     if id.is_empty() {
-        return Err(MeshLoadError::Invalid("modelId is empty".into()));
+        return Err(LoadError::Invalid("modelId is empty".into()));
     }
     if id.chars().any(char::is_control) {
-        return Err(MeshLoadError::Invalid(format!("modelId {id:?} contains control characters")));
+        return Err(LoadError::Invalid(format!("modelId {id:?} contains control characters")));
     }
     Ok(())
 }
 
-impl Lifecycle {
-    /// The load limits: concurrency, timeout and memory budget.
-    pub fn limits(&self) -> LoadLimits {
-        self.limits
-    }
-
+impl Mesh<'_> {
     /// Loads `source` as model `id`, and returns its measured size in bytes.
     /// A model already READY under `id` from the same path (ModelMesh
     /// retrying) is not loaded again. The load runs as its own task: when
-    /// the caller is cancelled it still finishes, and an
-    /// [`Lifecycle::unload_placed`] of `id` made afterwards waits for it and
-    /// then undoes it.
+    /// the caller is cancelled it still finishes, and an [`Mesh::unload`]
+    /// of `id` made afterwards waits for it and then undoes it.
     ///
     /// # Errors
-    /// [`MeshLoadError::Invalid`] for a bad id, or an id READY from another
-    /// path; [`MeshLoadError::NoRoom`] when the files alone exceed the
-    /// budget's free room; [`MeshLoadError::Failed`] with the reason when the
-    /// load fails or the measured model does not fit (it is unloaded again);
-    /// [`MeshLoadError::Purged`] when `runtimeStatus` unloaded it meanwhile.
-    pub async fn load_placed(self: &Arc<Self>, id: &str, source: Source) -> Result<u64, MeshLoadError> {
+    /// [`LoadError::Invalid`] for a bad id, or an id READY from another
+    /// path; [`LoadError::NoRoom`] when the files alone, or the size the
+    /// model had before, exceed the budget's free room;
+    /// [`LoadError::Failed`] with the reason when the load fails or the
+    /// measured model does not fit (it is unloaded again);
+    /// [`LoadError::Aborted`] when `runtimeStatus` unloaded it meanwhile.
+    pub async fn load(&self, id: &str, source: Source) -> Result<u64, LoadError> {
         check_id(id)?;
-        let purges = self.purges.load(Ordering::Acquire);
-        let record = self.record(id).lock_owned().await;
-        let (this, owned_id) = (self.clone(), id.to_owned());
-        let loaded = tokio::spawn(async move { this.load_placed_locked(&owned_id, source, record).await })
+        let purges = self.state.purges.load(Ordering::Acquire);
+        let record = self.core.record(id).lock_owned().await;
+        let (core, placed, owned_id) = (self.core.clone(), self.state.placed.clone(), id.to_owned());
+        let loaded = tokio::spawn(async move { load_locked(&core, &placed, &owned_id, source, record).await })
             .await
-            .map_err(|e| MeshLoadError::Failed(format!("loading panicked: {e}")))??;
-        if self.purges.load(Ordering::Acquire) != purges {
-            return Err(MeshLoadError::Purged(format!(
+            .map_err(|e| LoadError::Failed(format!("loading panicked: {e}")))??;
+        if self.state.purges.load(Ordering::Acquire) != purges {
+            return Err(LoadError::Aborted(format!(
                 "model '{id}' was unloaded by runtimeStatus (ModelMesh restarting) while it loaded"
             )));
         }
         Ok(loaded)
     }
 
-    async fn load_placed_locked(
-        &self,
-        id: &str,
-        source: Source,
-        mut record: OwnedMutexGuard<ModelRecord>,
-    ) -> Result<u64, MeshLoadError> {
-        if self.registry.has_ready(id) {
-            let placed = self.placed.lock().expect("placed lock");
-            let from = placed.get(id).map(|p| p.source.clone()).unwrap_or_default();
-            let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok() == b.canonicalize().ok();
-            if !same(&from, source.path()) {
-                return Err(MeshLoadError::Invalid(format!(
-                    "model '{id}' is loaded already, from {}; unload it before loading {}",
-                    from.display(),
-                    source.path().display()
-                )));
-            }
-        } else {
-            self.residency.check_free(id, source.bytes()).map_err(MeshLoadError::NoRoom)?;
-            let placed = source.place(id).map_err(MeshLoadError::Failed)?;
-            let dir = placed.dir.clone();
-            self.placed.lock().expect("placed lock").insert(id.to_owned(), placed);
-            if let Err(reason) = self.load_locked(&dir, None, false, &mut record).await {
-                self.take_out(id, &reason);
-                let placed = self.placed.lock().expect("placed lock").remove(id);
-                let reason = placed.map_or(reason.clone(), |p| p.explain(&reason));
-                return Err(MeshLoadError::Failed(format!("failed to load '{id}': {reason}")));
-            }
-        }
-        Ok(record.loaded.values().map(|(_, bytes)| bytes).sum())
-    }
-
     /// Unloads model `id` and forgets it. Returns once requests still
     /// running on it have finished (at most [`DRAIN_TIMEOUT`]) and its
     /// memory is given back; until then the budget still counts it. Waits
     /// for a load of `id` in progress. An unknown id is not an error.
-    pub async fn unload_placed(&self, id: &str) {
-        let record = self.record(id);
+    pub async fn unload(&self, id: &str) {
+        let core = self.core;
+        let record = core.record(id);
         let mut guard = record.lock().await;
-        let models = self.registry.unload(id, "unloaded");
+        let models = core.registry.unload(id, "unloaded");
         let deadline = Instant::now() + DRAIN_TIMEOUT;
         // The registry let go of them: each request in flight holds one more.
         while models.iter().any(|m| Arc::strong_count(m) > 1) && Instant::now() < deadline {
@@ -282,36 +246,68 @@ impl Lifecycle {
             tracing::info!(model = %id, "unloaded");
         }
         drop(models);
-        self.take_out(id, "unloaded");
-        self.registry.forget(id);
+        core.take_out(id, "unloaded");
+        core.registry.forget(id);
         *guard = ModelRecord::default();
-        self.placed.lock().expect("placed lock").remove(id);
-        let mut records = self.records.lock().expect("records lock");
-        // Only this call holds the record besides the map: nothing waits on it.
-        if Arc::strong_count(&record) == 2 {
-            records.remove(id);
-        }
+        self.state.placed.lock().expect("placed lock").remove(id);
+        drop(guard);
+        core.forget_record(id, &record);
     }
 
     /// Unloads every model, waiting for loads in progress (ModelMesh asks
     /// for this when it starts).
     pub async fn purge(&self) {
-        self.purges.fetch_add(1, Ordering::AcqRel);
-        let ids: Vec<String> = self.records.lock().expect("records lock").keys().cloned().collect();
-        for id in ids {
-            self.unload_placed(&id).await;
+        self.state.purges.fetch_add(1, Ordering::AcqRel);
+        for id in self.core.recorded() {
+            self.unload(&id).await;
         }
     }
 
     /// The measured size of model `id` in bytes, if it is READY.
     pub fn model_size(&self, id: &str) -> Option<u64> {
-        if !self.registry.has_ready(id) {
+        if !self.core.registry.has_ready(id) {
             return None;
         }
-        self.residency.known_footprint(id)
+        self.core.residency.known_footprint(id)
     }
 }
 
+/// [`Mesh::load`] with the record of `id` held.
+async fn load_locked(
+    core: &Core,
+    placements: &Mutex<HashMap<String, Placed>>,
+    id: &str,
+    source: Source,
+    mut record: OwnedMutexGuard<ModelRecord>,
+) -> Result<u64, LoadError> {
+    if core.registry.has_ready(id) {
+        let placed = placements.lock().expect("placed lock");
+        let from = placed.get(id).map(|p| p.source.clone()).unwrap_or_default();
+        let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok() == b.canonicalize().ok();
+        if !same(&from, source.path()) {
+            return Err(LoadError::Invalid(format!(
+                "model '{id}' is loaded already, from {}; unload it before loading {}",
+                from.display(),
+                source.path().display()
+            )));
+        }
+        return Ok(record.footprint());
+    }
+    core.residency.check_free(id, source.bytes()).map_err(LoadError::NoRoom)?;
+    let placed = source.place(id).map_err(LoadError::Failed)?;
+    let dir = placed.dir.clone();
+    placements.lock().expect("placed lock").insert(id.to_owned(), placed);
+    let options = LoadOptions { wanted: false, rename: true };
+    if let Err(e) = core.load_locked(&dir, None, options, &mut record).await {
+        core.take_out(id, e.message());
+        let placed = placements.lock().expect("placed lock").remove(id);
+        return Err(e.map_message(|reason| {
+            let reason = placed.map_or(reason.clone(), |p| p.explain(&reason));
+            format!("failed to load '{id}': {reason}")
+        }));
+    }
+    Ok(record.footprint())
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,7 +364,7 @@ mod tests {
         assert!(check_id("mnist__isvc-6b2eb3b5e4").is_ok());
         assert!(check_id("../ünïcode / spaces").is_ok());
         for bad in ["", "a\0b", "line\nbreak"] {
-            assert!(matches!(check_id(bad), Err(MeshLoadError::Invalid(_))), "{bad:?}");
+            assert!(matches!(check_id(bad), Err(LoadError::Invalid(_))), "{bad:?}");
         }
     }
 }

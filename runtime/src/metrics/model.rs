@@ -1,13 +1,139 @@
 //! The inference metrics of one model version, recorded once and kept in
 //! two forms: Prometheus families with Triton's names, and Triton's
-//! statistics extension (`GET /v2/models/{m}/stats`).
+//! statistics extension (`GET /v2/models/{m}/stats`,
+//! `docs/protocol/extension_statistics.md`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use serde::Serialize;
+
+use super::{MODEL_LABELS, register};
+use crate::error::Error;
+
+/// Why a request failed, as Triton labels `nv_inference_request_failure`
+/// (`reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureReason {
+    /// Refused by the scheduler: a full queue or an expired queue timeout.
+    Rejected,
+    /// The client went away before its answer.
+    Canceled,
+    /// The backend (or a remote server) failed.
+    Backend,
+    /// Anything else: a malformed request, an unknown output.
+    Other,
+}
+
+impl FailureReason {
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Rejected => "REJECTED",
+            FailureReason::Canceled => "CANCELED",
+            FailureReason::Backend => "BACKEND",
+            FailureReason::Other => "OTHER",
+        }
+    }
+}
+
+impl From<&Error> for FailureReason {
+    /// The reason a request failing with `e` is counted under.
+    fn from(e: &Error) -> FailureReason {
+        match e {
+            Error::Overloaded(_) => FailureReason::Rejected,
+            Error::Internal(_) | Error::BadGateway(_) | Error::Unavailable(_) => FailureReason::Backend,
+            Error::InvalidArgument(_) | Error::NotFound(_) => FailureReason::Other,
+        }
+    }
+}
+
+/// The per-model inference families, shared by every [`ModelMetrics`].
+pub(super) struct Families {
+    success: IntCounterVec,
+    failure: IntCounterVec,
+    inference_count: IntCounterVec,
+    exec_count: IntCounterVec,
+    pending: IntGaugeVec,
+    request_us: IntCounterVec,
+    queue_us: IntCounterVec,
+    compute_input_us: IntCounterVec,
+    compute_infer_us: IntCounterVec,
+    compute_output_us: IntCounterVec,
+    request_seconds: HistogramVec,
+}
+
+impl Families {
+    pub(super) fn register(registry: &Registry) -> Families {
+        let per_model = |name: &str, help: &str| {
+            register(registry, IntCounterVec::new(Opts::new(name, help), MODEL_LABELS).expect("valid metric"))
+        };
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "plinth_inference_request_duration_seconds",
+                "Inference request latency from arrival at the model to the answer",
+            )
+            .buckets(prometheus::exponential_buckets(0.0001, 2.0, 18).expect("valid buckets")),
+            MODEL_LABELS,
+        )
+        .expect("valid metric");
+        let failure = IntCounterVec::new(
+            Opts::new("nv_inference_request_failure", "Failed inference requests, by reason"),
+            &["model", "version", "reason"],
+        )
+        .expect("valid metric");
+        let pending = IntGaugeVec::new(
+            Opts::new("nv_inference_pending_request_count", "Inference requests queued, not yet running"),
+            MODEL_LABELS,
+        )
+        .expect("valid metric");
+        Families {
+            success: per_model("nv_inference_request_success", "Successful inference requests"),
+            failure: register(registry, failure),
+            inference_count: per_model("nv_inference_count", "Inferences performed (each row of a batch counts)"),
+            exec_count: per_model("nv_inference_exec_count", "Model executions (batches) performed"),
+            pending: register(registry, pending),
+            request_us: per_model("nv_inference_request_duration_us", "Cumulative inference request time, in µs"),
+            queue_us: per_model("nv_inference_queue_duration_us", "Cumulative time requests spent queued, in µs"),
+            compute_input_us: per_model(
+                "nv_inference_compute_input_duration_us",
+                "Cumulative time gathering batch inputs, in µs (once per execution)",
+            ),
+            compute_infer_us: per_model(
+                "nv_inference_compute_infer_duration_us",
+                "Cumulative model execution time, in µs (once per execution)",
+            ),
+            compute_output_us: per_model(
+                "nv_inference_compute_output_duration_us",
+                "Cumulative time splitting batch outputs, in µs (once per execution)",
+            ),
+            request_seconds: register(registry, request_seconds),
+        }
+    }
+
+    pub(super) fn for_model(&self, model: &str, version: u64) -> ModelMetrics {
+        let version = version.to_string();
+        let labels = [model, version.as_str()];
+        let series = Series {
+            success: self.success.with_label_values(&labels),
+            failure: self.failure.clone(),
+            inference_count: self.inference_count.with_label_values(&labels),
+            exec_count: self.exec_count.with_label_values(&labels),
+            pending: self.pending.with_label_values(&labels),
+            request_us: self.request_us.with_label_values(&labels),
+            queue_us: self.queue_us.with_label_values(&labels),
+            compute_input_us: self.compute_input_us.with_label_values(&labels),
+            compute_infer_us: self.compute_infer_us.with_label_values(&labels),
+            compute_output_us: self.compute_output_us.with_label_values(&labels),
+            request_seconds: self.request_seconds.with_label_values(&labels),
+        };
+        ModelMetrics { labels: [model.to_owned(), version], series, statistics: Arc::default() }
+    }
+}
 
 /// How long one execution took in each of Triton's compute phases.
 #[derive(Clone, Copy, Debug, Default)]
@@ -22,35 +148,29 @@ pub struct Compute {
 
 /// The Prometheus series of one model version.
 #[derive(Clone)]
-pub(super) struct Series {
-    pub success: IntCounter,
-    pub failure: IntCounterVec,
-    pub inference_count: IntCounter,
-    pub exec_count: IntCounter,
-    pub pending: IntGauge,
-    pub request_us: IntCounter,
-    pub queue_us: IntCounter,
-    pub compute_input_us: IntCounter,
-    pub compute_infer_us: IntCounter,
-    pub compute_output_us: IntCounter,
-    pub request_seconds: Histogram,
-    pub plugin_us: IntCounterVec,
-    pub plugin_failures: IntCounterVec,
+struct Series {
+    success: IntCounter,
+    failure: IntCounterVec,
+    inference_count: IntCounter,
+    exec_count: IntCounter,
+    pending: IntGauge,
+    request_us: IntCounter,
+    queue_us: IntCounter,
+    compute_input_us: IntCounter,
+    compute_infer_us: IntCounter,
+    compute_output_us: IntCounter,
+    request_seconds: Histogram,
 }
 
 /// The inference metrics of one model version.
 #[derive(Clone)]
 pub struct ModelMetrics {
-    pub(super) labels: [String; 2],
-    pub(super) series: Series,
+    labels: [String; 2],
+    series: Series,
     statistics: Arc<Mutex<Statistics>>,
 }
 
 impl ModelMetrics {
-    pub(super) fn new(labels: [String; 2], series: Series) -> ModelMetrics {
-        ModelMetrics { labels, series, statistics: Arc::default() }
-    }
-
     /// `nv_inference_pending_request_count`: requests queued, not yet running.
     pub fn pending(&self) -> &IntGauge {
         &self.series.pending
@@ -85,9 +205,9 @@ impl ModelMetrics {
         }
     }
 
-    /// A request ended after `took`: answered (`Ok`), or failed with one of
-    /// Triton's reasons: `REJECTED`, `CANCELED`, `BACKEND` or `OTHER`.
-    pub fn finished(&self, outcome: Result<(), &str>, took: Duration) {
+    /// A request ended after `took`: answered (`Ok`), or failed for one of
+    /// Triton's reasons.
+    pub fn finished(&self, outcome: Result<(), FailureReason>, took: Duration) {
         let s = &self.series;
         s.request_us.inc_by(micros(took));
         s.request_seconds.observe(took.as_secs_f64());
@@ -97,17 +217,9 @@ impl ModelMetrics {
                 self.stats().success.add(took);
             }
             Err(reason) => {
-                s.failure.with_label_values(&[&self.labels[0], &self.labels[1], reason]).inc();
+                s.failure.with_label_values(&[&self.labels[0], &self.labels[1], reason.label()]).inc();
                 self.stats().fail.add(took);
             }
-        }
-    }
-
-    /// A plugin call (`stage` is `preprocess` or `postprocess`) took `took`.
-    pub fn plugin(&self, stage: &str, took: Duration, ok: bool) {
-        self.series.plugin_us.with_label_values(&[&self.labels[0], &self.labels[1], stage]).inc_by(micros(took));
-        if !ok {
-            self.series.plugin_failures.with_label_values(&[&self.labels[0], &self.labels[1], stage]).inc();
         }
     }
 

@@ -8,20 +8,9 @@ use std::sync::Arc;
 use super::Runtimes;
 use crate::backend::onnx::{self, SessionOptions};
 use crate::backend::remote::{RemoteConfig, RemoteModel};
-use crate::backend::{Backend, Placement};
+use crate::backend::{Backend, BackendKind, Placement};
 use crate::config::proto::model_instance_group::Kind;
 use crate::config::{self, ModelConfig, Signature};
-
-/// The framework a configuration's `platform` / `backend` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Framework {
-    /// `onnxruntime_onnx` / `onnxruntime` (the default when both are empty).
-    Onnx,
-    /// `pytorch_libtorch` / `pytorch`.
-    Torch,
-    /// `backend: "remote"`: a model of a remote KServe v2 server.
-    Remote,
-}
 
 /// The most instances one model may have: each is a full session or module,
 /// so a typo in `count` must not exhaust the machine's memory.
@@ -49,23 +38,23 @@ pub fn load(
     signature: &Signature,
     rt: &Runtimes,
 ) -> Result<Vec<Arc<dyn Backend>>, String> {
-    let framework = framework(config)?;
+    let framework = BackendKind::of(config)?;
     let placements = placements(config, framework, gpu_count(rt))?;
     let file = |default: &str| {
         let file = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
         version_dir.join(file)
     };
     match framework {
-        Framework::Onnx => {
+        BackendKind::OnnxRuntime => {
             let onnx = rt.onnx.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {}", onnx::HINT))?;
             let options = session_options(config, placements.len())?;
             let path = file("model.onnx");
             placements.iter().map(|_| onnx.load(&path, options)).collect::<Result<_, _>>().map(shared)
         }
-        Framework::Remote => {
+        BackendKind::Remote => {
             RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)
         }
-        Framework::Torch => load_torch(&file("model.pt"), signature, &placements, rt),
+        BackendKind::Pytorch => load_torch(&file("model.pt"), signature, &placements, rt),
     }
 }
 
@@ -107,29 +96,16 @@ fn gpu_count(rt: &Runtimes) -> usize {
     }
 }
 
-fn framework(config: &ModelConfig) -> Result<Framework, String> {
-    match (config.platform.as_str(), config.backend.as_str()) {
-        ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(Framework::Onnx),
-        ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(Framework::Torch),
-        ("", "remote") => Ok(Framework::Remote),
-        (platform, backend) => Err(format!(
-            "platform '{platform}' / backend '{backend}' is not supported; Plinth serves platform \
-             'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch') \
-             and backend 'remote'"
-        )),
-    }
-}
-
 /// Where each instance `instance_group` asks for runs (without a group: one
 /// CPU instance, or [`REMOTE_INSTANCES`] for a remote model). KIND_AUTO and KIND_MODEL mean the CPU except for
 /// TorchScript models on a machine with CUDA, as in Triton; KIND_GPU runs
 /// `count` instances on each of `gpus` (all GPUs when empty), and is
 /// refused rather than silently served on the CPU where no GPU can serve.
-fn placements(config: &ModelConfig, framework: Framework, gpus: usize) -> Result<Vec<Placement>, String> {
+fn placements(config: &ModelConfig, framework: BackendKind, gpus: usize) -> Result<Vec<Placement>, String> {
     if config.instance_group.is_empty() {
         return Ok(match framework {
-            Framework::Torch if gpus > 0 => vec![Placement::Gpu(0)],
-            Framework::Remote => vec![Placement::Cpu; REMOTE_INSTANCES],
+            BackendKind::Pytorch if gpus > 0 => vec![Placement::Gpu(0)],
+            BackendKind::Remote => vec![Placement::Cpu; REMOTE_INSTANCES],
             _ => vec![Placement::Cpu],
         });
     }
@@ -143,12 +119,12 @@ fn placements(config: &ModelConfig, framework: Framework, gpus: usize) -> Result
         };
         let on_gpu = match group.kind() {
             Kind::Gpu => true,
-            Kind::Auto => framework == Framework::Torch && gpus > 0,
+            Kind::Auto => framework == BackendKind::Pytorch && gpus > 0,
             Kind::Cpu | Kind::Model => false,
         };
         if !on_gpu {
             all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
-        } else if framework != Framework::Torch {
+        } else if framework != BackendKind::Pytorch {
             return Err(format!(
                 "instance_group {name} asks for KIND_GPU, but Plinth runs {framework:?} models on the CPU only; use KIND_CPU or KIND_AUTO"
             ));
@@ -219,22 +195,24 @@ mod tests {
 
     #[test]
     fn platforms_name_their_framework() {
-        assert_eq!(framework(&config("")).unwrap(), Framework::Onnx);
-        assert_eq!(framework(&config(r#"platform: "pytorch_libtorch""#)).unwrap(), Framework::Torch);
-        assert_eq!(framework(&config(r#"backend: "remote""#)).unwrap(), Framework::Remote);
-        assert!(framework(&config(r#"platform: "tensorflow_savedmodel""#)).unwrap_err().contains("not supported"));
+        assert_eq!(BackendKind::of(&config("")).unwrap(), BackendKind::OnnxRuntime);
+        assert_eq!(BackendKind::of(&config(r#"platform: "pytorch_libtorch""#)).unwrap(), BackendKind::Pytorch);
+        assert_eq!(BackendKind::of(&config(r#"backend: "remote""#)).unwrap(), BackendKind::Remote);
+        assert!(
+            BackendKind::of(&config(r#"platform: "tensorflow_savedmodel""#)).unwrap_err().contains("not supported")
+        );
     }
 
     #[test]
     fn gpu_instances_go_to_torch_models_on_machines_with_cuda() {
         let gpu = config(r#"instance_group [{ kind: KIND_GPU count: 2 gpus: [1] }]"#);
-        assert_eq!(placements(&gpu, Framework::Torch, 2).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
-        assert!(placements(&gpu, Framework::Torch, 0).unwrap_err().contains("no CUDA device"));
-        assert!(placements(&gpu, Framework::Onnx, 2).unwrap_err().contains("CPU only"));
+        assert_eq!(placements(&gpu, BackendKind::Pytorch, 2).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
+        assert!(placements(&gpu, BackendKind::Pytorch, 0).unwrap_err().contains("no CUDA device"));
+        assert!(placements(&gpu, BackendKind::OnnxRuntime, 2).unwrap_err().contains("CPU only"));
         let auto = config(r#"instance_group [{ count: 3 }]"#);
-        assert_eq!(placements(&auto, Framework::Torch, 1).unwrap(), [Placement::Gpu(0); 3]);
-        assert_eq!(placements(&auto, Framework::Onnx, 1).unwrap(), [Placement::Cpu; 3]);
+        assert_eq!(placements(&auto, BackendKind::Pytorch, 1).unwrap(), [Placement::Gpu(0); 3]);
+        assert_eq!(placements(&auto, BackendKind::OnnxRuntime, 1).unwrap(), [Placement::Cpu; 3]);
         let huge = config(r#"instance_group [{ count: 1000000 }]"#);
-        assert!(placements(&huge, Framework::Onnx, 0).unwrap_err().contains("more than 128"));
+        assert!(placements(&huge, BackendKind::OnnxRuntime, 0).unwrap_err().contains("more than 128"));
     }
 }

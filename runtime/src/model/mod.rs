@@ -10,12 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::Backend;
 use crate::backend::onnx::OnnxRuntime;
+use crate::backend::{Backend, BackendKind};
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
 use crate::error::Error;
-use crate::metrics::{Metrics, ModelMetrics};
-use crate::plugin::{ModelInfo, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
+use crate::metrics::{FailureReason, Metrics, ModelMetrics, PluginMetrics};
+use crate::plugin::{CallContext, ModelInfo, ModelRunner, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
 use crate::repository::{self, ModelDir};
 use crate::scheduler::policy::{Policy, RequestOptions};
 use crate::scheduler::{Scheduler, Timing};
@@ -93,6 +93,12 @@ pub struct Model {
     plugin: Option<Arc<Plugin>>,
 }
 
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("name", &self.name).field("version", &self.version).finish_non_exhaustive()
+    }
+}
+
 /// Where a `/predict` request's time went: the plugin calls around the
 /// scheduler's [`Timing`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -140,14 +146,31 @@ impl Model {
                 let keys: Vec<&str> = config.parameters.keys().map(String::as_str).collect();
                 let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);
                 let limits = rt.plugins.limits().for_model(&keys, parameter)?;
-                let counters = rt.metrics.plugin_counters(&dir.name, version);
-                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, counters)?))
+                let metrics = rt.metrics.for_plugin(&dir.name, version);
+                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics)?))
             }
         };
         let metrics = rt.metrics.for_model(&dir.name, version);
-        let scheduler = Scheduler::start(&dir.name, policy, instances.clone(), metrics.clone());
-        Ok(Model {
-            name: dir.name.clone(),
+        Ok(Model::new(&dir.name, version, config, signature, instances, policy, metrics, plugin))
+    }
+
+    /// A model version over backend `instances` that are already built,
+    /// `signature` complete: starts its scheduler with `policy`. This is
+    /// the seam where tests put fake backends behind a real scheduler.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: &str,
+        version: u64,
+        config: &ModelConfig,
+        signature: Signature,
+        instances: Vec<Arc<dyn Backend>>,
+        policy: Policy,
+        metrics: ModelMetrics,
+        plugin: Option<Arc<Plugin>>,
+    ) -> Model {
+        let scheduler = Scheduler::start(name, policy, instances.clone(), metrics.clone());
+        Model {
+            name: name.to_owned(),
             version,
             config: config.clone(),
             signature,
@@ -155,7 +178,7 @@ impl Model {
             scheduler,
             metrics,
             plugin,
-        })
+        }
     }
 
     /// Runs the configuration's `model_warmup` samples through every
@@ -207,13 +230,7 @@ impl Model {
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         let started = Instant::now();
         let result = self.run(inputs, requested, options).await;
-        let outcome = match &result {
-            Ok(_) => Ok(()),
-            Err(Error::Overloaded(_)) => Err("REJECTED"),
-            Err(Error::Internal(_) | Error::BadGateway(_) | Error::Unavailable(_)) => Err("BACKEND"),
-            Err(_) => Err("OTHER"),
-        };
-        self.metrics.finished(outcome, started.elapsed());
+        self.metrics.finished(result.as_ref().map(drop).map_err(FailureReason::from), started.elapsed());
         result
     }
 
@@ -239,10 +256,10 @@ impl Model {
         let (mut outputs, timing) = self.scheduler.submit(inputs, options).await?;
         if let Err(m) = check::check_outputs(&self.signature, &outputs, rows) {
             let message = format!("model '{}' returned {m}", self.name);
-            return Err(if self.instances[0].backend() == "remote" {
-                Error::BadGateway(message)
-            } else {
-                Error::Internal(message)
+            // A remote server's wrong answer is its fault, not ours.
+            return Err(match self.instances[0].kind() {
+                BackendKind::Remote => Error::BadGateway(message),
+                BackendKind::OnnxRuntime | BackendKind::Pytorch => Error::Internal(message),
             });
         }
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
@@ -258,27 +275,33 @@ impl Model {
     }
 
     /// Sends a raw request through the model's plugin: preprocess, run,
-    /// postprocess.
+    /// postprocess. The plugin's composed calls reach other models through
+    /// `runner`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the model has no plugin or the plugin
     /// refuses the request; [`Error::Internal`] when the plugin fails, traps,
     /// exceeds its limits or produces tensors that do not fit the model.
-    pub async fn predict(&self, req: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
-        self.predict_within(req, &[]).await
+    pub async fn predict(
+        &self,
+        req: RawRequest,
+        runner: Arc<dyn ModelRunner>,
+    ) -> Result<(RawResponse, PredictTiming), Error> {
+        self.predict_within(req, CallContext { runner, chain: Vec::new() }).await
     }
 
-    /// [`Model::predict`] for a plugin's composed call: `chain` names the
-    /// models whose plugin already runs for the request, outermost first.
+    /// [`Model::predict`] for a plugin's composed call: `context.chain`
+    /// names the models whose plugin already runs for the request,
+    /// outermost first.
     ///
     /// # Errors
     /// As [`Model::predict`].
     pub async fn predict_within(
         &self,
         req: RawRequest,
-        chain: &[String],
+        mut context: CallContext,
     ) -> Result<(RawResponse, PredictTiming), Error> {
-        let chain: Vec<String> = chain.iter().cloned().chain([self.name.clone()]).collect();
+        context.chain.push(self.name.clone());
         let plugin = self.plugin.as_ref().ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{PLUGIN_PARAMETER}')",
@@ -289,24 +312,15 @@ impl Model {
         let req = Arc::new(req);
         let mut timing = PredictTiming::default();
         let started = Instant::now();
-        let inputs = plugin.preprocess(req.clone(), chain.clone()).await;
+        let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error)?;
         timing.preprocess = started.elapsed();
-        self.metrics.plugin("preprocess", timing.preprocess, !matches!(inputs, Err(PluginError::Failed(_))));
-        let (outputs, inference) = match self.infer(inputs.map_err(plugin_error)?, &[], RequestOptions::default()).await
-        {
-            Err(Error::InvalidArgument(m)) => {
-                return Err(Error::Internal(format!(
-                    "the plugin's preprocess produced tensors the model cannot take: {m}"
-                )));
-            }
-            other => other?,
-        };
+        let (outputs, inference) =
+            self.infer(inputs, &[], RequestOptions::default()).await.map_err(blame_the_plugin_for_its_tensors)?;
         timing.inference = inference;
         let started = Instant::now();
-        let response = plugin.postprocess(req, outputs, chain).await;
+        let response = plugin.postprocess(req, outputs, context).await.map_err(plugin_error)?;
         timing.postprocess = started.elapsed();
-        self.metrics.plugin("postprocess", timing.postprocess, !matches!(response, Err(PluginError::Failed(_))));
-        Ok((response.map_err(plugin_error)?, timing))
+        Ok((response, timing))
     }
 
     /// The configuration as served: `config.pbtxt` with the platform,
@@ -317,7 +331,7 @@ impl Model {
         let mut c = self.config.clone();
         c.name.clone_from(&self.name);
         c.platform = self.platform().to_owned();
-        c.backend = self.instances[0].backend().to_owned();
+        c.backend = self.instances[0].kind().name().to_owned();
         let data_type = |dt| config::datatype_to_config(dt) as i32;
         if c.input.is_empty() {
             let spec = |s: &crate::tensor::TensorSpec| ModelInput {
@@ -344,13 +358,24 @@ impl Model {
     /// tensors or parameters) as a failure with reason OTHER, so that
     /// successes and failures add up to the requests sent; returns `e`.
     pub fn refused(&self, e: Error) -> Error {
-        self.metrics.finished(Err("OTHER"), Duration::ZERO);
+        self.metrics.finished(Err(FailureReason::Other), Duration::ZERO);
         e
     }
 
     /// The model's inference statistics (Triton's statistics extension).
     pub fn statistics(&self) -> crate::metrics::ModelStatistics {
         self.metrics.statistics()
+    }
+}
+
+/// Tensors a plugin's preprocess made that the model refuses are the
+/// plugin's fault (500), not the client's (400): the client sent a raw body.
+fn blame_the_plugin_for_its_tensors(e: Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => {
+            Error::Internal(format!("the plugin's preprocess produced tensors the model cannot take: {m}"))
+        }
+        other => other,
     }
 }
 
@@ -368,7 +393,7 @@ fn load_plugin(
     version_dir: &Path,
     info: ModelInfo,
     limits: crate::plugin::PluginLimits,
-    counters: crate::plugin::PluginCounters,
+    metrics: PluginMetrics,
 ) -> Result<Plugin, String> {
     let wasm = dir.path.join(file);
     if !wasm.exists() {
@@ -380,5 +405,5 @@ fn load_plugin(
     if !repository::is_within(&wasm, &dir.path) {
         return Err(format!("plugin '{file}' must be inside the model folder {}", dir.path.display()));
     }
-    host.load(&wasm, version_dir, info, limits, counters)
+    host.load(&wasm, version_dir, info, limits, metrics)
 }

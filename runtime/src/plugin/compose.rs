@@ -1,121 +1,155 @@
 //! The host side of `plinth:plugin/inference` (WIT 0.2): a plugin runs
-//! other models of the repository, resolved as a client's request is (so
-//! on-demand loading and residency apply) and run through their schedulers.
+//! other models of the repository through a [`ModelRunner`], which resolves
+//! them as a client's request is resolved (so on-demand loading and
+//! residency apply) and runs them through their schedulers. The server's
+//! lifecycle implements it; this module never names it.
 //!
-//! A plugin call runs on a blocking thread, so the async model calls are
-//! driven there with the runtime's handle. Each call carries the chain of
+//! Each plugin call carries a [`CallContext`]: the runner, and the chain of
 //! models whose plugin is running for the request, which stops cycles and
-//! runaway depth before anything runs.
+//! runaway depth before anything runs. A plugin call runs on a blocking
+//! thread, so the runner's futures are driven there with the runtime's
+//! handle.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{RawRequest, wit};
+use super::contract::wit;
+use super::convert::{tensor_from_wit, tensor_to_wit};
+use super::{RawRequest, RawResponse};
 use crate::error::Error;
-use crate::lifecycle::Lifecycle;
-use crate::scheduler::policy::RequestOptions;
+use crate::tensor::Tensor;
 
 /// The most plugins one request may pass through (`predict` nesting).
 pub const MAX_DEPTH: usize = 8;
 
-/// Where composed calls find models: set once the lifecycle exists (not in
-/// `plinth check`, where composition answers an error).
-#[derive(Clone, Default)]
-pub struct Models(Arc<OnceLock<Weak<Lifecycle>>>);
+/// A boxed future a [`ModelRunner`] returns.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-impl Models {
-    /// Connects composed calls to `lifecycle`; later calls are ignored.
-    pub fn connect(&self, lifecycle: &Arc<Lifecycle>) {
-        let _ = self.0.set(Arc::downgrade(lifecycle));
-    }
+/// Runs other models for a plugin's composed calls.
+pub trait ModelRunner: Send + Sync {
+    /// Runs `inputs` through version `version` (the server's choice when
+    /// `None`) of `model`, resolved as a client's request, and returns the
+    /// `outputs` asked for (all when empty), in that order.
+    ///
+    /// # Errors
+    /// The callee's [`Error`]: unknown or unavailable model, inputs that do
+    /// not fit it, overload, a backend failure.
+    fn infer(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<Tensor>,
+        outputs: Vec<String>,
+    ) -> BoxFuture<Result<Vec<Tensor>, Error>>;
 
-    fn lifecycle(&self) -> Result<Arc<Lifecycle>, wit::Error> {
-        self.0
-            .get()
-            .and_then(Weak::upgrade)
-            .ok_or_else(|| wit::Error::Internal("other models cannot be run here (no server is running)".to_owned()))
-    }
+    /// Sends `request` through `model`'s plugin and model; `chain` names the
+    /// models whose plugin already runs for the request, outermost first.
+    ///
+    /// # Errors
+    /// As [`ModelRunner::infer`], and the callee plugin's errors.
+    fn predict(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        request: RawRequest,
+        chain: Vec<String>,
+    ) -> BoxFuture<Result<RawResponse, Error>>;
 }
 
-/// What one plugin call may compose: the models, and the chain of models
-/// whose plugin is running for this request, outermost first (this call's
-/// model last).
-pub struct Composition {
-    pub(super) models: Models,
-    pub(super) chain: Vec<String>,
+/// What one request's plugin call may compose.
+#[derive(Clone)]
+pub struct CallContext {
+    /// Where other models run.
+    pub runner: Arc<dyn ModelRunner>,
+    /// The models whose plugin is running for this request, outermost
+    /// first; this call's model last.
+    pub chain: Vec<String>,
+}
+
+/// The composition state of one plugin instance during a call.
+#[derive(Default)]
+pub(super) struct Composition {
+    /// The running call's context; `None` between calls and during `init`,
+    /// which cannot run other models.
+    pub(super) context: Option<CallContext>,
     /// Time spent in composed calls since the deadline was last extended:
     /// the callee's work does not count against this plugin's time limit.
-    pub(super) host_time: std::time::Duration,
+    pub(super) host_time: Duration,
 }
 
 impl Composition {
     /// `plinth:plugin/inference.infer`: tensors through `model`'s scheduler.
-    pub fn infer(
+    pub(super) fn infer(
         &mut self,
         model: &str,
         version: Option<u64>,
         inputs: Vec<wit::Tensor>,
         outputs: Vec<String>,
     ) -> Result<Vec<wit::Tensor>, wit::Error> {
-        let lifecycle = self.models.lifecycle()?;
-        let inputs = inputs.into_iter().map(super::convert::tensor_from_wit).collect();
-        let run = async {
-            let callee = lifecycle.resolve(model, version).await?;
-            callee.infer(inputs, &outputs, RequestOptions::default()).await
-        };
-        let (outputs, _) = self.block_on(run).map_err(|e| self.callee_error(model, e))?;
-        Ok(outputs.into_iter().map(super::convert::tensor_to_wit).collect())
+        let runner = self.context()?.runner.clone();
+        let inputs = inputs.into_iter().map(tensor_from_wit).collect();
+        let outputs = self
+            .block_on(runner.infer(model.to_owned(), version, inputs, outputs))
+            .map_err(|e| callee_error(model, e))?;
+        Ok(outputs.into_iter().map(tensor_to_wit).collect())
     }
 
     /// `plinth:plugin/inference.predict`: a raw request through `model`'s
     /// plugin and model, refused when it would close a cycle or exceed
     /// [`MAX_DEPTH`].
-    pub fn predict(
+    pub(super) fn predict(
         &mut self,
         model: &str,
         version: Option<u64>,
         req: wit::Request,
     ) -> Result<wit::Response, wit::Error> {
-        if self.chain.iter().any(|m| m == model) {
-            let path = self.chain.join(" → ");
+        let context = self.context()?;
+        let chain = &context.chain;
+        if chain.iter().any(|m| m == model) {
+            let path = chain.join(" → ");
             return Err(wit::Error::Internal(format!(
                 "calling model '{model}' from {path} would be a cycle ({path} → {model}); nothing ran"
             )));
         }
-        if self.chain.len() >= MAX_DEPTH {
+        if chain.len() >= MAX_DEPTH {
             return Err(wit::Error::Internal(format!(
                 "calling model '{model}' would pass through more than {MAX_DEPTH} plugins ({}); nothing ran",
-                self.chain.join(" → ")
+                chain.join(" → ")
             )));
         }
-        let lifecycle = self.models.lifecycle()?;
+        let (runner, chain) = (context.runner.clone(), chain.clone());
         let req = RawRequest { content_type: req.content_type, body: req.body, parameters: req.parameters };
-        let chain = self.chain.clone();
-        let run = async move {
-            let callee = lifecycle.resolve(model, version).await?;
-            callee.predict_within(req, &chain).await
-        };
-        let (response, _) = self.block_on(run).map_err(|e| self.callee_error(model, e))?;
+        let response =
+            self.block_on(runner.predict(model.to_owned(), version, req, chain)).map_err(|e| callee_error(model, e))?;
         Ok(wit::Response { content_type: response.content_type, body: response.body })
+    }
+
+    fn context(&self) -> Result<&CallContext, wit::Error> {
+        self.context.as_ref().ok_or_else(|| {
+            wit::Error::Internal("other models can be run from preprocess and postprocess, not from init".to_owned())
+        })
     }
 
     /// Drives `future` to completion from the plugin's blocking thread and
     /// counts the time in [`Composition::host_time`].
-    fn block_on<T>(&mut self, future: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    fn block_on<T>(&mut self, future: BoxFuture<Result<T, Error>>) -> Result<T, Error> {
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Internal("composed calls need the server's runtime".to_owned()))?;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = handle.block_on(future);
         self.host_time += started.elapsed();
         result
     }
+}
 
-    /// The callee's error as a value for the plugin: the request's fault
-    /// stays `bad-input`, anything else is `internal`.
-    fn callee_error(&self, model: &str, e: Error) -> wit::Error {
-        let message = format!("model '{model}': {e}");
-        match e {
-            Error::InvalidArgument(_) => wit::Error::BadInput(message),
-            _ => wit::Error::Internal(message),
-        }
+/// The callee's error as a value for the plugin: the request's fault stays
+/// `bad-input`, anything else is `internal`.
+fn callee_error(model: &str, e: Error) -> wit::Error {
+    let message = format!("model '{model}': {e}");
+    match e {
+        Error::InvalidArgument(_) => wit::Error::BadInput(message),
+        _ => wit::Error::Internal(message),
     }
 }

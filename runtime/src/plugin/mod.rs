@@ -1,9 +1,11 @@
 //! The WebAssembly sandbox for model plugins (WASI 0.2 components run by
-//! wasmtime). Every released contract version stays supported: a component
-//! exporting `plinth:plugin/handler@0.1.0` gets the 0.1 bindings, one
-//! exporting `@0.2.0` the 0.2 bindings with the `inference` import (see
-//! [`compose`]). The version is read from the component's export names,
-//! which the SDK's generated bindings fix at build time.
+//! wasmtime). Every released contract version stays supported
+//! ([`ContractVersion`]): a component exporting
+//! `plinth:plugin/handler@0.1.0` gets the 0.1 bindings, one exporting
+//! `@0.2.0` the 0.2 bindings with the `inference` import, through which it
+//! runs other models ([`compose`], over a [`ModelRunner`] the caller
+//! passes with each call). The version is read from the component's export
+//! names, which the SDK's generated bindings fix at build time.
 //!
 //! Each plugin is compiled once (the compiled artefact is cached on disk),
 //! and each model keeps a pool of warm instances. An instance sees its model
@@ -14,41 +16,26 @@
 
 mod cache;
 pub mod compose;
+mod contract;
 mod convert;
 pub mod scaffold;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use prometheus::IntCounter;
 use tokio::sync::Semaphore;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+use crate::metrics::{PluginMetrics, PluginStage};
 use crate::tensor::Tensor;
-
-mod bindings {
-    pub mod v0_1 {
-        wasmtime::component::bindgen!({ path: "../wit/v0.1", world: "plugin" });
-    }
-    pub mod v0_2 {
-        // The types are unchanged since 0.1, so both versions share them.
-        wasmtime::component::bindgen!({
-            path: "../wit/v0.2",
-            world: "plugin",
-            with: { "plinth:plugin/types@0.2.0": super::v0_1::plinth::plugin::types },
-        });
-    }
-}
-
-use bindings::v0_1::plinth::plugin::types as wit;
-use compose::{Composition, Models};
-
-/// The contract versions this host runs, oldest first.
-pub const WIT_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
+use compose::Composition;
+pub use compose::{CallContext, ModelRunner};
+pub use contract::ContractVersion;
+use contract::{Exports, Pre, wit};
 
 /// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -133,16 +120,6 @@ impl PluginLimits {
     }
 }
 
-/// A model's plugin counters: instances started (the first, and each that
-/// replaces one that trapped) and calls that trapped.
-#[derive(Clone)]
-pub struct PluginCounters {
-    /// `plinth_plugin_instance_starts_total`.
-    pub starts: IntCounter,
-    /// `plinth_plugin_traps_total`.
-    pub traps: IntCounter,
-}
-
 impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits {
@@ -207,7 +184,6 @@ pub struct PluginHost {
     limits: PluginLimits,
     cache_dir: Option<PathBuf>,
     permits: Arc<Semaphore>,
-    models: Models,
 }
 
 impl PluginHost {
@@ -224,8 +200,7 @@ impl PluginHost {
         let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
-        bindings::v0_2::Plugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(|e| format!("cannot link plinth:plugin/inference: {e}"))?;
+        contract::add_to_linker(&mut linker).map_err(|e| format!("cannot link plinth:plugin/inference: {e}"))?;
         let ticker = engine.clone();
         std::thread::Builder::new()
             .name("plinth-epoch".into())
@@ -237,7 +212,7 @@ impl PluginHost {
             })
             .map_err(|e| format!("cannot start the plugin deadline thread: {e}"))?;
         let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
-        Ok(PluginHost { engine, linker, limits, cache_dir, permits, models: Models::default() })
+        Ok(PluginHost { engine, linker, limits, cache_dir, permits })
     }
 
     /// The server-wide limits, which models' parameters adjust.
@@ -245,15 +220,10 @@ impl PluginHost {
         self.limits
     }
 
-    /// Where plugins' composed calls find models (connected once the
-    /// server's lifecycle exists).
-    pub fn models(&self) -> &Models {
-        &self.models
-    }
-
     /// Loads the plugin at `wasm` for a model version whose folder is
     /// `model_dir`, and starts one instance (calling its `init`) so that a
-    /// broken plugin fails the load rather than the first request.
+    /// broken plugin fails the load rather than the first request. Its calls
+    /// run within `limits` and are counted in `metrics`.
     ///
     /// # Errors
     /// A message naming the plugin when it cannot be read or compiled,
@@ -265,32 +235,28 @@ impl PluginHost {
         model_dir: &Path,
         info: ModelInfo,
         limits: PluginLimits,
-        counters: PluginCounters,
+        metrics: PluginMetrics,
     ) -> Result<Plugin, String> {
         let file = wasm.file_name().map_or_else(|| wasm.display().to_string(), |f| f.to_string_lossy().into_owned());
         let label = format!("plugin '{file}' of model '{}'", info.name);
         let started = std::time::Instant::now();
         let component = self.compile(wasm).map_err(|e| format!("{label}: {e}"))?;
         let compile_us = started.elapsed().as_micros() as u64;
-        let version = wit_version(&self.engine, &component).ok_or_else(|| {
-            format!("{label} exports no plinth:plugin/handler interface of a version this host runs ({WIT_VERSIONS:?})")
+        let version = ContractVersion::of(&self.engine, &component).ok_or_else(|| {
+            format!("{label} exports no plinth:plugin/handler interface of a version this host runs ({})", runs())
         })?;
         let not_a_plugin = |e: wasmtime::Error| format!("{label} is not a plinth:plugin@{version} component: {e}");
         let instance_pre = self.linker.instantiate_pre(&component).map_err(not_a_plugin)?;
-        let pre = match version {
-            "0.1.0" => Pre::V0_1(bindings::v0_1::PluginPre::new(instance_pre).map_err(not_a_plugin)?),
-            _ => Pre::V0_2(bindings::v0_2::PluginPre::new(instance_pre).map_err(not_a_plugin)?),
-        };
+        let pre = Pre::new(version, instance_pre).map_err(not_a_plugin)?;
         let plugin = Plugin {
             label,
             engine: self.engine.clone(),
             pre,
-            models: self.models.clone(),
             info: convert::model_info(&info),
             model_dir: model_dir.to_path_buf(),
             limits,
             slots: (limits.instances > 0).then(|| Arc::new(Semaphore::new(limits.instances))),
-            counters,
+            metrics,
             idle: Mutex::new(Vec::new()),
             permits: self.permits.clone(),
         };
@@ -299,7 +265,7 @@ impl PluginHost {
         })?;
         plugin.idle.lock().expect("idle pool").push(first);
         // compile_us is what the on-disk cache saves (bench/plugin_cache.py).
-        tracing::info!(plugin = %plugin.label, contract = version, compile_us, "plugin ready");
+        tracing::info!(plugin = %plugin.label, contract = %version, compile_us, "plugin ready");
         Ok(plugin)
     }
 
@@ -310,12 +276,15 @@ impl PluginHost {
     /// A message when the file cannot be read, is not a component, exports
     /// no supported `plinth:plugin/handler`, or imports what this host does
     /// not provide.
-    pub fn inspect(&self, wasm: &Path) -> Result<&'static str, String> {
+    pub fn inspect(&self, wasm: &Path) -> Result<ContractVersion, String> {
         let component = self.compile(wasm)?;
-        let version = wit_version(&self.engine, &component).ok_or_else(|| {
+        let version = ContractVersion::of(&self.engine, &component).ok_or_else(|| {
             let exports: Vec<String> =
                 component.component_type().exports(&self.engine).map(|(name, _)| name.to_owned()).collect();
-            format!("it exports no plinth:plugin/handler of a version this host runs ({WIT_VERSIONS:?}); its exports are {exports:?}")
+            format!(
+                "it exports no plinth:plugin/handler of a version this host runs ({}); its exports are {exports:?}",
+                runs()
+            )
         })?;
         self.linker
             .instantiate_pre(&component)
@@ -360,58 +329,9 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
     pool
 }
 
-/// The newest contract version whose handler `component` exports.
-pub fn wit_version(engine: &Engine, component: &Component) -> Option<&'static str> {
-    let exports: Vec<String> = component.component_type().exports(engine).map(|(name, _)| name.to_owned()).collect();
-    WIT_VERSIONS.into_iter().rev().find(|v| exports.iter().any(|e| *e == format!("plinth:plugin/handler@{v}")))
-}
-
-/// Bindings ready to instantiate, for the component's contract version.
-enum Pre {
-    V0_1(bindings::v0_1::PluginPre<InstanceState>),
-    V0_2(bindings::v0_2::PluginPre<InstanceState>),
-}
-
-/// An instance's exports, for its contract version.
-enum Bindings {
-    V0_1(bindings::v0_1::Plugin),
-    V0_2(bindings::v0_2::Plugin),
-}
-
-impl Bindings {
-    fn init(
-        &self,
-        store: &mut Store<InstanceState>,
-        info: &wit::ModelInfo,
-    ) -> wasmtime::Result<Result<(), wit::Error>> {
-        match self {
-            Bindings::V0_1(b) => b.plinth_plugin_handler().call_init(store, info),
-            Bindings::V0_2(b) => b.plinth_plugin_handler().call_init(store, info),
-        }
-    }
-
-    fn preprocess(
-        &self,
-        store: &mut Store<InstanceState>,
-        req: &wit::Request,
-    ) -> wasmtime::Result<Result<Vec<wit::Tensor>, wit::Error>> {
-        match self {
-            Bindings::V0_1(b) => b.plinth_plugin_handler().call_preprocess(store, req),
-            Bindings::V0_2(b) => b.plinth_plugin_handler().call_preprocess(store, req),
-        }
-    }
-
-    fn postprocess(
-        &self,
-        store: &mut Store<InstanceState>,
-        req: &wit::Request,
-        outputs: &[wit::Tensor],
-    ) -> wasmtime::Result<Result<wit::Response, wit::Error>> {
-        match self {
-            Bindings::V0_1(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
-            Bindings::V0_2(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
-        }
-    }
+/// The versions this host runs, for messages: "0.1.0, 0.2.0".
+pub fn runs() -> String {
+    ContractVersion::ALL.map(ContractVersion::as_str).join(", ")
 }
 
 /// The state of one plugin instance's store.
@@ -424,7 +344,7 @@ struct InstanceState {
 
 impl wit::Host for InstanceState {}
 
-impl bindings::v0_2::plinth::plugin::inference::Host for InstanceState {
+impl contract::InferenceHost for InstanceState {
     fn infer(
         &mut self,
         model: String,
@@ -449,7 +369,7 @@ impl WasiView for InstanceState {
 /// A started plugin instance, ready for calls.
 struct Instance {
     store: Store<InstanceState>,
-    bindings: Bindings,
+    exports: Exports,
     stderr: MemoryOutputPipe,
 }
 
@@ -458,22 +378,21 @@ pub struct Plugin {
     /// "plugin 'x.wasm' of model 'm'", the prefix of every error.
     label: String,
     engine: Engine,
-    pre: Pre,
-    models: Models,
+    pre: Pre<InstanceState>,
     info: wit::ModelInfo,
     model_dir: PathBuf,
     limits: PluginLimits,
     /// `plugin.instances`: calls of this plugin at once, when capped.
     slots: Option<Arc<Semaphore>>,
-    counters: PluginCounters,
+    metrics: PluginMetrics,
     idle: Mutex<Vec<Instance>>,
     permits: Arc<Semaphore>,
 }
 
 impl Plugin {
     /// Runs `preprocess`: a raw request in, the model's input tensors out.
-    /// `chain` names the models whose plugin runs for this request, this
-    /// one last (see [`compose`]).
+    /// `context` says where composed calls go and which models' plugins
+    /// already run for this request, this one last (see [`compose`]).
     ///
     /// # Errors
     /// [`PluginError::BadInput`] when the plugin refuses the request;
@@ -482,11 +401,11 @@ impl Plugin {
     pub async fn preprocess(
         self: &Arc<Self>,
         req: Arc<RawRequest>,
-        chain: Vec<String>,
+        context: CallContext,
     ) -> Result<Vec<Tensor>, PluginError> {
-        self.call_blocking(chain.len() > 1, move |this| {
+        self.call_blocking(PluginStage::Preprocess, context, move |this, context| {
             let req = convert::request(&req);
-            let tensors = this.call("preprocess", chain, |inst| inst.bindings.preprocess(&mut inst.store, &req))?;
+            let tensors = this.call("preprocess", context, |inst| inst.exports.preprocess(&mut inst.store, &req))?;
             Ok(tensors.into_iter().map(convert::tensor_from_wit).collect())
         })
         .await
@@ -501,46 +420,60 @@ impl Plugin {
         self: &Arc<Self>,
         req: Arc<RawRequest>,
         outputs: Vec<Tensor>,
-        chain: Vec<String>,
+        context: CallContext,
     ) -> Result<RawResponse, PluginError> {
-        self.call_blocking(chain.len() > 1, move |this| {
+        self.call_blocking(PluginStage::Postprocess, context, move |this, context| {
             let req = convert::request(&req);
             let outputs: Vec<wit::Tensor> = outputs.into_iter().map(convert::tensor_to_wit).collect();
             let response =
-                this.call("postprocess", chain, |inst| inst.bindings.postprocess(&mut inst.store, &req, &outputs))?;
+                this.call("postprocess", context, |inst| inst.exports.postprocess(&mut inst.store, &req, &outputs))?;
             Ok(RawResponse { content_type: response.content_type, body: response.body })
         })
         .await
     }
 
     /// Runs `f` on a blocking thread, so a plugin never stalls the async
-    /// executor. Requests' outermost plugin calls run at most `concurrency`
-    /// at a time; a `nested` call (made by another plugin through
-    /// composition, whose caller holds a permit and waits) takes none, so
-    /// compositions cannot deadlock on permits.
+    /// executor, and counts the call in the plugin metrics. Requests'
+    /// outermost plugin calls run at most `concurrency` at a time; a nested
+    /// call (made by another plugin through composition, whose caller holds
+    /// a permit and waits) takes none, so compositions cannot deadlock on
+    /// permits.
     async fn call_blocking<T: Send + 'static>(
         self: &Arc<Self>,
-        nested: bool,
-        f: impl FnOnce(&Plugin) -> Result<T, PluginError> + Send + 'static,
+        stage: PluginStage,
+        context: CallContext,
+        f: impl FnOnce(&Plugin, CallContext) -> Result<T, PluginError> + Send + 'static,
+    ) -> Result<T, PluginError> {
+        let started = Instant::now();
+        let result = self.call_blocking_unmetered(context, f).await;
+        self.metrics.called(stage, started.elapsed(), !matches!(result, Err(PluginError::Failed(_))));
+        result
+    }
+
+    async fn call_blocking_unmetered<T: Send + 'static>(
+        self: &Arc<Self>,
+        context: CallContext,
+        f: impl FnOnce(&Plugin, CallContext) -> Result<T, PluginError> + Send + 'static,
     ) -> Result<T, PluginError> {
         let closed = |_| self.failed("the plugin host is shutting down");
         let _slot = match &self.slots {
             Some(slots) => Some(slots.acquire().await.map_err(closed)?),
             None => None,
         };
+        let nested = context.chain.len() > 1;
         let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
         let this = self.clone();
-        tokio::task::spawn_blocking(move || f(&this))
+        tokio::task::spawn_blocking(move || f(&this, context))
             .await
             .map_err(|e| self.failed(&format!("its call panicked in the host: {e}")))?
     }
 
-    /// Calls one export on a warm instance. The instance goes back to the
-    /// pool unless it trapped.
+    /// Calls one export on a warm instance with `context` for its composed
+    /// calls. The instance goes back to the pool unless it trapped.
     fn call<T>(
         &self,
         export: &str,
-        chain: Vec<String>,
+        context: CallContext,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, wit::Error>>,
     ) -> Result<T, PluginError> {
         let taken = self.idle.lock().expect("idle pool").pop();
@@ -549,11 +482,14 @@ impl Plugin {
             None => self.start_instance()?,
         };
         let composition = &mut inst.store.data_mut().composition;
-        (composition.chain, composition.host_time) = (chain, Duration::ZERO);
+        (composition.context, composition.host_time) = (Some(context), Duration::ZERO);
         let stderr_before = inst.stderr.contents().len();
         inst.store.set_epoch_deadline(self.deadline_ticks());
         match f(&mut inst) {
             Ok(result) => {
+                // An idle instance holds no runner: nothing it owns keeps the
+                // server's models alive.
+                inst.store.data_mut().composition.context = None;
                 self.idle.lock().expect("idle pool").push(inst);
                 result.map_err(|e| match e {
                     wit::Error::BadInput(m) => PluginError::BadInput(format!("{}: {m}", self.label)),
@@ -561,7 +497,7 @@ impl Plugin {
                 })
             }
             Err(trap) => {
-                self.counters.traps.inc();
+                self.metrics.trapped();
                 Err(self.trapped(export, &trap, &inst.stderr, stderr_before))
             }
         }
@@ -569,7 +505,7 @@ impl Plugin {
 
     /// Instantiates the component in a fresh store and calls `init`.
     fn start_instance(&self) -> Result<Instance, PluginError> {
-        self.counters.starts.inc();
+        self.metrics.started();
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtx::builder();
         // No stdin, arguments or environment (the builder's defaults), no
@@ -578,8 +514,12 @@ impl Plugin {
         wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
             .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
         let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
-        let composition = Composition { models: self.models.clone(), chain: Vec::new(), host_time: Duration::ZERO };
-        let state = InstanceState { wasi: wasi.build(), table: ResourceTable::new(), limits, composition };
+        let state = InstanceState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits,
+            composition: Composition::default(),
+        };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(self.deadline_ticks());
@@ -592,13 +532,9 @@ impl Plugin {
                 ticks => Ok(wasmtime::UpdateDeadline::Continue(ticks)),
             }
         });
-        let bindings = match &self.pre {
-            Pre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
-            Pre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
-        }
-        .map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
-        let mut inst = Instance { store, bindings, stderr };
-        match inst.bindings.init(&mut inst.store, &self.info) {
+        let exports = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
+        let mut inst = Instance { store, exports, stderr };
+        match inst.exports.init(&mut inst.store, &self.info) {
             Ok(Ok(())) => Ok(inst),
             Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => {
                 Err(self.failed(&format!("init failed: {m}")))

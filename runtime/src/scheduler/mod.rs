@@ -25,7 +25,7 @@ use self::policy::{OnTimeout, Policy, RequestOptions};
 use self::queue::{Entry, Next, Queue};
 use crate::backend::{Backend, BackendError};
 use crate::error::Error;
-use crate::metrics::{Compute, ModelMetrics};
+use crate::metrics::{Compute, FailureReason, ModelMetrics};
 use crate::tensor::Tensor;
 
 /// The answer a worker sends back to a queued request.
@@ -204,13 +204,13 @@ impl Drop for Queued<'_> {
     fn drop(&mut self) {
         match self.stage {
             Stage::Returned => {}
-            Stage::Answered => self.shared.metrics.finished(Err("CANCELED"), self.since.elapsed()),
+            Stage::Answered => self.shared.metrics.finished(Err(FailureReason::Canceled), self.since.elapsed()),
             Stage::Queued => {
                 // Not in the queue any more: it timed out (already counted),
                 // or it is running and the worker counts it.
                 if self.shared.lock().queue.remove(self.level, self.id).is_some() {
                     self.shared.metrics.pending().dec();
-                    self.shared.metrics.finished(Err("CANCELED"), self.since.elapsed());
+                    self.shared.metrics.finished(Err(FailureReason::Canceled), self.since.elapsed());
                 }
                 if let Some(ordering) = &self.shared.ordering {
                     ordering.done(self.id);
@@ -288,7 +288,7 @@ impl Shared {
             let answer = answer.map(|(outputs, compute)| (outputs, Timing { queue, compute }));
             if reply.send(answer).is_err() {
                 // The client went away while its request ran.
-                self.metrics.finished(Err("CANCELED"), enqueued.elapsed());
+                self.metrics.finished(Err(FailureReason::Canceled), enqueued.elapsed());
             }
         }
     }
@@ -353,5 +353,142 @@ impl Shared {
             BackendError::BadGateway(m) => Error::BadGateway(format!("model '{}': {m}", self.model)),
             BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::policy::{Policy, RequestOptions};
+    use super::*;
+    use crate::backend::fake::{Doubler, Gate};
+    use crate::metrics::Metrics;
+
+    /// The longest a test waits for an event that must come.
+    const HANG_GUARD: Duration = Duration::from_secs(30);
+
+    struct Fixture {
+        scheduler: Arc<Scheduler>,
+        backend: Arc<Doubler>,
+        gate: Arc<Gate>,
+        metrics: Arc<Metrics>,
+    }
+
+    /// A scheduler over one gated doubler, with the scheduling part of a
+    /// `config.pbtxt`.
+    fn fixture(config: &str) -> Fixture {
+        let config = crate::config::parse(&format!("max_batch_size: 8 {config}")).unwrap();
+        let gate = Gate::closed();
+        let backend = Arc::new(Doubler::gated(Some(gate.clone())));
+        let metrics = Arc::new(Metrics::new());
+        let instances: Vec<Arc<dyn Backend>> = vec![backend.clone()];
+        let policy = Policy::from_config(&config).unwrap();
+        let scheduler = Arc::new(Scheduler::start("m", policy, instances, metrics.for_model("m", 1)));
+        Fixture { scheduler, backend, gate, metrics }
+    }
+
+    impl Fixture {
+        fn submit(&self, values: &[f32]) -> tokio::task::JoinHandle<Result<Vec<f32>, Error>> {
+            let scheduler = self.scheduler.clone();
+            let inputs = Doubler::input(values);
+            tokio::spawn(async move {
+                let (outputs, _) = scheduler.submit(inputs, RequestOptions::default()).await?;
+                Ok(Doubler::values(&outputs[0]))
+            })
+        }
+
+        /// Waits until `n` requests are queued (the pending gauge).
+        fn wait_for_queued(&self, n: i64) {
+            let pending = self.metrics.for_model("m", 1);
+            let deadline = Instant::now() + HANG_GUARD;
+            while pending.pending().get() != n {
+                assert!(Instant::now() < deadline, "{} queued, not {n}", pending.pending().get());
+                std::thread::yield_now();
+            }
+        }
+
+        fn executions(&self) -> Vec<usize> {
+            self.backend.executions.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_queued_while_the_instance_is_busy_run_as_one_batch() {
+        let f = fixture("dynamic_batching { }");
+        let first = f.submit(&[1.0]);
+        f.gate.wait_for_waiters(1);
+        let rest: Vec<_> = [[2.0, 3.0].as_slice(), &[4.0], &[5.0]].iter().map(|v| f.submit(v)).collect();
+        f.wait_for_queued(3);
+        f.gate.open();
+        assert_eq!(first.await.unwrap().unwrap(), [2.0]);
+        let answers: Vec<Vec<f32>> = futures_join(rest).await;
+        assert_eq!(answers, [vec![4.0, 6.0], vec![8.0], vec![10.0]], "each gets exactly its own rows");
+        assert_eq!(f.executions(), [1, 4], "the three queued requests ran as one batch of four rows");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_refuses_with_overloaded() {
+        let f = fixture("dynamic_batching { default_queue_policy { max_queue_size: 1 } }");
+        let running = f.submit(&[1.0]);
+        f.gate.wait_for_waiters(1);
+        let queued = f.submit(&[2.0]);
+        f.wait_for_queued(1);
+        let refused = f.submit(&[3.0]).await.unwrap().unwrap_err();
+        assert!(
+            matches!(&refused, Error::Overloaded(m) if m.contains("queue at priority level 1 is full (1 requests")),
+            "{refused:?}"
+        );
+        f.gate.open();
+        assert_eq!(running.await.unwrap().unwrap(), [2.0]);
+        assert_eq!(queued.await.unwrap().unwrap(), [4.0]);
+        assert_eq!(f.executions(), [1, 1]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_the_backend_refuses_fails_alone_not_its_batch() {
+        let f = fixture("dynamic_batching { }");
+        let first = f.submit(&[1.0]);
+        f.gate.wait_for_waiters(1);
+        let batch: Vec<_> = [[1.0], [-1.0], [3.0]].iter().map(|v| f.submit(v)).collect();
+        f.wait_for_queued(3);
+        f.gate.open();
+        first.await.unwrap().unwrap();
+        let mut answers = Vec::new();
+        for handle in batch {
+            answers.push(handle.await.unwrap());
+        }
+        assert_eq!(answers[0], Ok(vec![2.0]));
+        assert!(
+            matches!(&answers[1], Err(Error::InvalidArgument(m)) if m.contains("model 'm': -1 is not")),
+            "{answers:?}"
+        );
+        assert_eq!(answers[2], Ok(vec![6.0]));
+        assert_eq!(f.executions(), [1, 3, 1, 1, 1], "the batch was refused, then each request ran alone");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_whose_client_went_away_never_runs_and_counts_as_canceled() {
+        let f = fixture("");
+        let running = f.submit(&[1.0]);
+        f.gate.wait_for_waiters(1);
+        let abandoned = f.submit(&[2.0]);
+        f.wait_for_queued(1);
+        abandoned.abort();
+        f.wait_for_queued(0);
+        f.gate.open();
+        running.await.unwrap().unwrap();
+        assert_eq!(f.executions(), [1], "the abandoned request never ran");
+        let text = f.metrics.render();
+        assert!(text.contains(r#"nv_inference_request_failure{model="m",reason="CANCELED",version="1"} 1"#), "{text}");
+    }
+
+    async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<Result<T, Error>>>) -> Vec<T> {
+        let mut out = Vec::new();
+        for handle in handles {
+            out.push(handle.await.unwrap().unwrap());
+        }
+        out
     }
 }

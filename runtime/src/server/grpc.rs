@@ -1,25 +1,24 @@
 //! The KServe v2 gRPC service (`inference.GRPCInferenceService`, from
 //! `proto/grpc_service.proto`) on tonic. Like the HTTP routes, it only
-//! translates: models, lifecycle and registry do the work.
+//! translates between protobuf messages and the [`Service`] core.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::AppState;
+use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::config::proto::infer_parameter::ParameterChoice;
 use crate::error::Error;
 use crate::metrics::{ModelStatistics, Total};
-use crate::model::Model;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
 
 /// The gRPC face of the server.
 pub struct Grpc {
-    /// What every handler reads.
-    pub state: Arc<AppState>,
+    /// The core every handler calls.
+    pub service: Arc<Service>,
 }
 
 type Answer<T> = Result<Response<T>, Status>;
@@ -39,13 +38,7 @@ impl From<Error> for Status {
 
 /// An empty version field means "the server's choice".
 fn version(v: &str) -> Result<Option<u64>, Error> {
-    if v.is_empty() { Ok(None) } else { super::parse_version(v).map(Some) }
-}
-
-impl Grpc {
-    async fn model(&self, name: &str, v: &str) -> Result<Arc<Model>, Status> {
-        Ok(self.state.lifecycle.resolve(name, version(v)?).await?)
-    }
+    if v.is_empty() { Ok(None) } else { service::parse_version(v).map(Some) }
 }
 
 #[tonic::async_trait]
@@ -55,20 +48,20 @@ impl GrpcInferenceService for Grpc {
     }
 
     async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Answer<pb::ServerReadyResponse> {
-        Ok(Response::new(pb::ServerReadyResponse { ready: self.state.is_ready() }))
+        Ok(Response::new(pb::ServerReadyResponse { ready: self.service.is_ready() }))
     }
 
     async fn model_ready(&self, request: Request<pb::ModelReadyRequest>) -> Answer<pb::ModelReadyResponse> {
         let r = request.into_inner();
-        let ready = self.state.registry.resolve(&r.name, version(&r.version)?).is_ok();
+        let ready = self.service.model_ready(&r.name, version(&r.version)?).is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(&self, _: Request<pb::ServerMetadataRequest>) -> Answer<pb::ServerMetadataResponse> {
         Ok(Response::new(pb::ServerMetadataResponse {
-            name: "plinth".into(),
+            name: SERVER_NAME.into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            extensions: super::EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
         }))
     }
 
@@ -78,47 +71,52 @@ impl GrpcInferenceService for Grpc {
         if let Some(id) = model_id {
             r.name = id;
         }
-        let m = self.model(&r.name, &r.version).await?;
-        let tensors = |specs: &[crate::tensor::TensorSpec]| {
-            specs
-                .iter()
-                .map(|s| pb::model_metadata_response::TensorMetadata {
-                    name: s.name.clone(),
-                    datatype: s.datatype.name().into(),
-                    shape: m.signature.full_shape(s),
+        let m = self.service.model_metadata(&r.name, version(&r.version)?).await?;
+        let tensors = |list: Vec<crate::protocol::json::TensorMetadata>| {
+            list.into_iter()
+                .map(|t| pb::model_metadata_response::TensorMetadata {
+                    name: t.name,
+                    datatype: t.datatype.into(),
+                    shape: t.shape,
                 })
                 .collect()
         };
         Ok(Response::new(pb::ModelMetadataResponse {
-            name: m.name.clone(),
-            versions: self.state.registry.ready_versions(&m.name).iter().map(u64::to_string).collect(),
-            platform: m.platform().into(),
-            inputs: tensors(&m.signature.inputs),
-            outputs: tensors(&m.signature.outputs),
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: tensors(m.inputs),
+            outputs: tensors(m.outputs),
         }))
     }
 
     async fn model_infer(&self, request: Request<pb::ModelInferRequest>) -> Answer<pb::ModelInferResponse> {
-        let _counted = self.state.begin_inference()?;
+        let _counted = self.service.begin_inference()?;
         let model_id = mesh_model_id(&request);
         let mut r = request.into_inner();
         if let Some(id) = model_id {
             r.model_name = id;
         }
-        let m = self.model(&r.model_name, &r.model_version).await?;
-        let options = uint_parameter(&r.parameters, "priority")
-            .and_then(|priority| Ok(RequestOptions { priority, timeout_us: uint_parameter(&r.parameters, "timeout")? }))
-            .map_err(|e| m.refused(e))?;
-        let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
-        let inputs = input_tensors(r.inputs, r.raw_input_contents).map_err(|e| m.refused(e))?;
-        let (outputs, _) = m.infer(inputs, &requested, options).await?;
+        let m = self.service.model(&r.model_name, version(&r.model_version)?).await?;
+        let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
+        let inferred = self
+            .service
+            .infer(&m, |_| {
+                let options = RequestOptions {
+                    priority: uint_parameter(&parameters, "priority")?,
+                    timeout_us: uint_parameter(&parameters, "timeout")?,
+                };
+                let requested = outputs.iter().map(|o| o.name.clone()).collect();
+                Ok((InferCall { tensors: input_tensors(inputs, raw)?, requested, options }, ()))
+            })
+            .await?;
         let mut response = pb::ModelInferResponse {
             model_name: m.name.clone(),
             model_version: m.version.to_string(),
             id: r.id,
             ..Default::default()
         };
-        for t in outputs {
+        for t in inferred.outputs {
             response.outputs.push(pb::model_infer_response::InferOutputTensor {
                 name: t.name,
                 datatype: t.datatype.name().into(),
@@ -132,8 +130,8 @@ impl GrpcInferenceService for Grpc {
 
     async fn model_config(&self, request: Request<pb::ModelConfigRequest>) -> Answer<pb::ModelConfigResponse> {
         let r = request.into_inner();
-        let m = self.model(&r.name, &r.version).await?;
-        Ok(Response::new(pb::ModelConfigResponse { config: Some(m.completed_config()) }))
+        let config = self.service.model_config(&r.name, version(&r.version)?).await?;
+        Ok(Response::new(pb::ModelConfigResponse { config: Some(config) }))
     }
 
     async fn model_statistics(
@@ -142,9 +140,8 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<pb::ModelStatisticsResponse> {
         let r = request.into_inner();
         let name = (!r.name.is_empty()).then_some(r.name.as_str());
-        let models = super::stats_models(&self.state, name, version(&r.version)?)?;
-        let model_stats = models.iter().map(|m| statistics(m.statistics())).collect();
-        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+        let stats = self.service.statistics(name, version(&r.version)?)?;
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats: stats.into_iter().map(statistics).collect() }))
     }
 
     async fn repository_index(
@@ -153,15 +150,13 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<pb::RepositoryIndexResponse> {
         let ready_only = request.into_inner().ready;
         let models = self
-            .state
-            .registry
-            .index()
+            .service
+            .repository_index(ready_only)
             .into_iter()
-            .filter(|row| !ready_only || row.state == "READY")
             .map(|row| pb::repository_index_response::ModelIndex {
                 name: row.name,
                 version: row.version,
-                state: row.state.into(),
+                state: row.state.as_str().into(),
                 reason: row.reason,
             })
             .collect();
@@ -173,7 +168,6 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Answer<pb::RepositoryModelLoadResponse> {
         use pb::model_repository_parameter::ParameterChoice as P;
-        super::routes::explicit_mode(&self.state)?;
         let r = request.into_inner();
         let config = match r.parameters.get("config").and_then(|p| p.parameter_choice.as_ref()) {
             None => None,
@@ -184,7 +178,7 @@ impl GrpcInferenceService for Grpc {
                 ));
             }
         };
-        self.state.lifecycle.load(&r.model_name, config).await?;
+        self.service.load(&r.model_name, config).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -192,8 +186,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Answer<pb::RepositoryModelUnloadResponse> {
-        super::routes::explicit_mode(&self.state)?;
-        self.state.lifecycle.unload(&request.into_inner().model_name).await?;
+        self.service.unload(&request.into_inner().model_name).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

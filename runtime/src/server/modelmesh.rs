@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 
 use tonic::{Request, Response, Status};
 
-use super::AppState;
-use crate::lifecycle::{DEFAULT_MODEL_SIZE, MeshLoadError, Source, predict_size};
+use super::Service;
+use crate::error::LoadError;
+use crate::lifecycle::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 
 /// Code generated from `proto/model_runtime.proto`.
 pub mod proto {
@@ -31,25 +32,32 @@ pub const MODEL_ID_HEADER: &str = "mm-model-id";
 const METHODS: [&str; 2] =
     ["inference.GRPCInferenceService/ModelInfer", "inference.GRPCInferenceService/ModelMetadata"];
 
-/// The service; its state is the server's.
+/// The service over the server's core.
 pub struct MeshRuntime {
-    /// What every handler reads.
-    pub state: Arc<AppState>,
+    /// The core; its lifecycle is in modelmesh mode.
+    pub service: Arc<Service>,
 }
 
 type Answer<T> = Result<Response<T>, Status>;
 
-impl From<MeshLoadError> for Status {
-    fn from(e: MeshLoadError) -> Status {
-        let message = e.to_string();
-        // ModelMesh reads INVALID_ARGUMENT and FAILED_PRECONDITION as "no
-        // load was tried, no memory is used".
-        match e {
-            MeshLoadError::Invalid(_) => Status::invalid_argument(message),
-            MeshLoadError::NoRoom(_) => Status::failed_precondition(message),
-            MeshLoadError::Failed(_) => Status::internal(message),
-            MeshLoadError::Purged(_) => Status::aborted(message),
-        }
+impl MeshRuntime {
+    fn mesh(&self) -> Result<Mesh<'_>, Status> {
+        self.service
+            .lifecycle
+            .modelmesh()
+            .ok_or_else(|| Status::failed_precondition("the server is not in model control mode 'modelmesh'"))
+    }
+}
+
+/// A load's failure as ModelMesh reads it: INVALID_ARGUMENT and
+/// FAILED_PRECONDITION mean "no load was tried, no memory is used".
+fn load_status(e: LoadError) -> Status {
+    let message = e.to_string();
+    match e {
+        LoadError::Invalid(_) => Status::invalid_argument(message),
+        LoadError::NoRoom(_) => Status::failed_precondition(message),
+        LoadError::Failed(_) => Status::internal(message),
+        LoadError::Aborted(_) => Status::aborted(message),
     }
 }
 
@@ -94,16 +102,16 @@ impl ModelRuntime for MeshRuntime {
     async fn load_model(&self, request: Request<proto::LoadModelRequest>) -> Answer<proto::LoadModelResponse> {
         let r = request.into_inner();
         let key = ModelKey::parse(&r.model_key)?;
-        let source = Source::of(Path::new(&r.model_path), &key.model_type(&r.model_type))?;
+        let source = Source::of(Path::new(&r.model_path), &key.model_type(&r.model_type)).map_err(load_status)?;
         tracing::info!(model = ?r.model_id, path = ?r.model_path, "modelmesh: loadModel");
-        let bytes = self.state.lifecycle.load_placed(&r.model_id, source).await?;
+        let bytes = self.mesh()?.load(&r.model_id, source).await.map_err(load_status)?;
         Ok(Response::new(proto::LoadModelResponse { size_in_bytes: bytes, max_concurrency: 0 }))
     }
 
     async fn unload_model(&self, request: Request<proto::UnloadModelRequest>) -> Answer<proto::UnloadModelResponse> {
         let id = request.into_inner().model_id;
         tracing::info!(model = ?id, "modelmesh: unloadModel");
-        self.state.lifecycle.unload_placed(&id).await;
+        self.mesh()?.unload(&id).await;
         Ok(Response::new(proto::UnloadModelResponse {}))
     }
 
@@ -119,23 +127,20 @@ impl ModelRuntime for MeshRuntime {
 
     async fn model_size(&self, request: Request<proto::ModelSizeRequest>) -> Answer<proto::ModelSizeResponse> {
         let id = request.into_inner().model_id;
-        let size_in_bytes = self
-            .state
-            .lifecycle
-            .model_size(&id)
-            .ok_or_else(|| Status::not_found(format!("model '{id}' is not loaded")))?;
+        let size_in_bytes =
+            self.mesh()?.model_size(&id).ok_or_else(|| Status::not_found(format!("model '{id}' is not loaded")))?;
         Ok(Response::new(proto::ModelSizeResponse { size_in_bytes }))
     }
 
     async fn runtime_status(&self, _: Request<proto::RuntimeStatusRequest>) -> Answer<proto::RuntimeStatusResponse> {
-        let started = self.state.startup_done.load(Ordering::Acquire);
+        let started = self.service.startup_done.load(Ordering::Acquire);
         if started {
             // ModelMesh asks only when it (re)starts, and then knows of no
             // model here: whatever is loaded would be counted nowhere.
             tracing::info!("modelmesh: runtimeStatus: unloading every model before answering READY");
-            self.state.lifecycle.purge().await;
+            self.mesh()?.purge().await;
         }
-        let limits = self.state.lifecycle.limits();
+        let limits = self.service.lifecycle.limits();
         let method = MethodInfo { id_injection_path: vec![1] };
         Ok(Response::new(proto::RuntimeStatusResponse {
             status: if started { RuntimeState::Ready } else { RuntimeState::Starting }.into(),

@@ -1,5 +1,5 @@
 //! The KServe v2 HTTP routes. Handlers only translate between HTTP and the
-//! registry and models; they hold no state of their own.
+//! [`Service`] core; they hold no state of their own.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,15 +13,15 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
-use super::binary;
 use super::error::ApiError;
-use super::v2_json::{InferRequest, InferResponse, ModelMetadata, TensorMetadata};
+use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::error::Error;
-use crate::lifecycle::ControlMode;
 use crate::model::Model;
 use crate::plugin::RawRequest;
+use crate::protocol::binary::{self, HEADER_LENGTH};
+use crate::protocol::json::{InferRequest, InferResponse, ModelMetadata};
 use crate::scheduler::Timing;
+use crate::scheduler::policy::RequestOptions;
 use crate::tensor::DataType;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -29,7 +29,9 @@ type ApiResult<T> = Result<T, ApiError>;
 /// The model (and optional version) a route names: `/v2/models/{model}` or
 /// `/v2/models/{model}/versions/{version}`.
 pub struct ModelRef {
+    /// The model's name.
     pub name: String,
+    /// The version, when the route names one.
     pub version: Option<u64>,
 }
 
@@ -41,7 +43,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
             .await
             .map_err(|e| ApiError::bad_request(e.body_text()))?;
         let name = params.get("model").cloned().unwrap_or_default();
-        let version = match params.get("version").map(|v| super::parse_version(v)) {
+        let version = match params.get("version").map(|v| service::parse_version(v)) {
             Some(Err(Error::NotFound(_))) => {
                 let v = &params["version"];
                 return Err(Error::NotFound(format!("model '{name}' has no version {v}")).into());
@@ -54,8 +56,8 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
 
 impl ModelRef {
     /// The model to serve; in on-demand mode this loads it if needed.
-    async fn resolve(&self, state: &AppState) -> Result<Arc<Model>, Error> {
-        state.lifecycle.resolve(&self.name, self.version).await
+    async fn resolve(&self, service: &Service) -> Result<Arc<Model>, Error> {
+        service.model(&self.name, self.version).await
     }
 }
 
@@ -67,46 +69,29 @@ pub async fn live() -> StatusCode {
 /// `GET /v2/health/ready`: 200 once the start-up loads have finished and,
 /// with `--strict-readiness`, every model that should be loaded is READY;
 /// 503 before, and from the moment shutdown begins.
-pub async fn ready(State(state): State<Arc<AppState>>) -> StatusCode {
-    if state.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+pub async fn ready(State(service): State<Arc<Service>>) -> StatusCode {
+    if service.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
 }
 
 /// `GET /v2`: server metadata.
 pub async fn server_metadata() -> Json<serde_json::Value> {
     Json(serde_json::json!({
-        "name": "plinth",
+        "name": SERVER_NAME,
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": super::EXTENSIONS,
+        "extensions": EXTENSIONS,
     }))
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]`: the model's versions, platform and
 /// tensors (shapes with -1 for any size, batch dimension included).
-pub async fn model_metadata(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<Json<ModelMetadata>> {
-    let m = model.resolve(&state).await?;
-    let tensors = |specs: &[crate::tensor::TensorSpec]| {
-        specs
-            .iter()
-            .map(|s| TensorMetadata {
-                name: s.name.clone(),
-                datatype: s.datatype.name(),
-                shape: m.signature.full_shape(s),
-            })
-            .collect()
-    };
-    Ok(Json(ModelMetadata {
-        name: m.name.clone(),
-        versions: state.registry.ready_versions(&m.name).iter().map(u64::to_string).collect(),
-        platform: m.platform().to_owned(),
-        inputs: tensors(&m.signature.inputs),
-        outputs: tensors(&m.signature.outputs),
-    }))
+pub async fn model_metadata(State(service): State<Arc<Service>>, model: ModelRef) -> ApiResult<Json<ModelMetadata>> {
+    Ok(Json(service.model_metadata(&model.name, model.version).await?))
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/ready`: 200 when READY; otherwise the
 /// error status (404 unknown, 503 unavailable) and why.
-pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<StatusCode> {
-    state.registry.resolve(&model.name, model.version)?;
+pub async fn model_ready(State(service): State<Arc<Service>>, model: ModelRef) -> ApiResult<StatusCode> {
+    service.model_ready(&model.name, model.version)?;
     Ok(StatusCode::OK)
 }
 
@@ -115,22 +100,25 @@ pub async fn model_ready(State(state): State<Arc<AppState>>, model: ModelRef) ->
 /// `parameters` may set `priority` and `timeout`. The answer carries a
 /// `Server-Timing` header.
 pub async fn infer(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     model: ModelRef,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&state).await?;
-    let body = body.map_err(|e| rejected_body(&state, e))?;
-    let prepared = binary::decode(&headers, &body, &m.signature).and_then(|decoded| {
-        let options = decoded.request.options()?;
-        let requested: Vec<String> = decoded.request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
-        refuse_json_only_binary_outputs(&m, &decoded.request, &requested)?;
-        Ok((decoded, options, requested))
-    });
-    let (binary::Decoded { request, tensors }, options, requested) = prepared.map_err(|e| m.refused(e))?;
-    let (outputs, timing) = m.infer(tensors, &requested, options).await?;
-    let outputs = outputs.into_iter().map(|t| {
+    let m = model.resolve(&service).await?;
+    let body = body.map_err(|e| rejected_body(&service, e))?;
+    let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
+    let inferred = service
+        .infer(&m, |m| {
+            let binary::Decoded { request, tensors } = binary::decode(header_length, &body, &m.signature)?;
+            let options = request_options(&request)?;
+            let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
+            refuse_json_only_binary_outputs(m, &request, &requested)?;
+            Ok((InferCall { tensors, requested, options }, request))
+        })
+        .await?;
+    let request = inferred.request;
+    let outputs = inferred.outputs.into_iter().map(|t| {
         let as_binary = binary::wants_binary(&request, &t.name);
         (t, as_binary)
     });
@@ -140,9 +128,25 @@ pub async fn infer(
         id: request.id.clone(),
         outputs: Vec::new(),
     };
-    let mut response = binary::encode(response, outputs.collect())?;
-    response.headers_mut().insert("server-timing", server_timing(&timing_entries(&timing)));
-    Ok(response)
+    let encoded = binary::encode(response, outputs.collect())?;
+    let mut headers = HeaderMap::new();
+    let content_type = match encoded.header_length {
+        Some(n) => {
+            headers.insert(HeaderName::from_static(HEADER_LENGTH), HeaderValue::from(n));
+            "application/octet-stream"
+        }
+        None => "application/json",
+    };
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert("server-timing", server_timing(&timing_entries(&inferred.timing)));
+    Ok((headers, encoded.body).into_response())
+}
+
+/// The scheduling options in the request `parameters`: `priority` (a
+/// priority level, 1 = highest) and `timeout` (queue timeout in
+/// microseconds), as Triton reads them.
+fn request_options(request: &InferRequest) -> Result<RequestOptions, Error> {
+    Ok(RequestOptions { priority: request.uint_parameter("priority")?, timeout_us: request.uint_parameter("timeout")? })
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/predict`: the raw body goes through
@@ -150,17 +154,17 @@ pub async fn infer(
 /// plugin's, with its content type and a `Server-Timing` header. Query
 /// parameters reach the plugin.
 pub async fn predict(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     model: ModelRef,
     Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&state).await?;
-    let body = body.map_err(|e| rejected_body(&state, e))?;
+    let m = model.resolve(&service).await?;
+    let body = body.map_err(|e| rejected_body(&service, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
-    let (response, timing) = m.predict(request).await?;
+    let (response, timing) = service.predict(&m, request).await?;
     let mut entries = vec![("preprocess", timing.preprocess)];
     entries.extend(timing_entries(&timing.inference));
     entries.push(("postprocess", timing.postprocess));
@@ -211,20 +215,18 @@ fn server_timing(entries: &[(&str, Duration)]) -> HeaderValue {
 /// `GET /v2/models/{m}[/versions/{v}]/config`: the model configuration as
 /// JSON, as Triton returns it (protobuf field names, enums as names),
 /// inputs and outputs completed from the model file.
-pub async fn model_config(State(state): State<Arc<AppState>>, model: ModelRef) -> ApiResult<Json<serde_json::Value>> {
-    let m = model.resolve(&state).await?;
-    Ok(Json(crate::config::to_json(&m.completed_config())))
+pub async fn model_config(State(service): State<Arc<Service>>, model: ModelRef) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(crate::config::to_json(&service.model_config(&model.name, model.version).await?)))
 }
 
 /// `GET /v2/models[/{m}[/versions/{v}]]/stats`: Triton's statistics
 /// extension for the READY versions asked for (all models without a name).
 pub async fn model_stats(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let version = params.get("version").map(|v| super::parse_version(v)).transpose()?;
-    let models = super::stats_models(&state, params.get("model").map(String::as_str), version)?;
-    let stats: Vec<_> = models.iter().map(|m| m.statistics()).collect();
+    let version = params.get("version").map(|v| service::parse_version(v)).transpose()?;
+    let stats = service.statistics(params.get("model").map(String::as_str), version)?;
     let stats = serde_json::to_value(stats).expect("statistics serialise");
     Ok(Json(serde_json::json!({ "model_stats": stats })))
 }
@@ -232,7 +234,7 @@ pub async fn model_stats(
 /// `POST /v2/repository/index`: every model version and its state; with
 /// `{"ready": true}` only the READY ones.
 pub async fn repository_index(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     #[derive(serde::Deserialize)]
@@ -240,7 +242,7 @@ pub async fn repository_index(
         #[serde(default)]
         ready: bool,
     }
-    let body = body.map_err(|e| rejected_body(&state, e))?;
+    let body = body.map_err(|e| rejected_body(&service, e))?;
     let ready_only = if body.is_empty() {
         false
     } else {
@@ -248,8 +250,7 @@ pub async fn repository_index(
             .map_err(|e| ApiError::bad_request(format!("malformed repository index request: {e}")))?;
         request.ready
     };
-    let rows: Vec<_> = state.registry.index().into_iter().filter(|r| !ready_only || r.state == "READY").collect();
-    Ok(Json(serde_json::to_value(rows).expect("index rows serialise")))
+    Ok(Json(serde_json::to_value(service.repository_index(ready_only)).expect("index rows serialise")))
 }
 
 /// `POST /v2/repository/models/{m}/load` (explicit mode): loads the model,
@@ -258,12 +259,11 @@ pub async fn repository_index(
 /// selected version is READY; 400 with every failure's reason otherwise
 /// (versions that were serving keep serving).
 pub async fn load_model(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    explicit_mode(&state)?;
-    let body = body.map_err(|e| rejected_body(&state, e))?;
+    let body = body.map_err(|e| rejected_body(&service, e))?;
     let config = if body.is_empty() {
         None
     } else {
@@ -280,32 +280,18 @@ pub async fn load_model(
             }
         }
     };
-    state.lifecycle.load(&name, config).await?;
+    service.load(&name, config).await?;
     Ok(Json(serde_json::json!({})))
 }
 
 /// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already
 /// accepted finish; later ones get 503.
 pub async fn unload_model(
-    State(state): State<Arc<AppState>>,
+    State(service): State<Arc<Service>>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    explicit_mode(&state)?;
-    state.lifecycle.unload(&name).await?;
+    service.unload(&name).await?;
     Ok(Json(serde_json::json!({})))
-}
-
-/// Load and unload are allowed in explicit and on_demand mode only.
-pub(super) fn explicit_mode(state: &AppState) -> Result<(), Error> {
-    match state.lifecycle.mode() {
-        ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
-        ControlMode::ModelMesh => Err(Error::InvalidArgument(
-            "in model control mode 'modelmesh' ModelMesh loads and unloads models (mmesh.ModelRuntime)".into(),
-        )),
-        mode => Err(Error::InvalidArgument(format!(
-            "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
-        ))),
-    }
 }
 
 /// Any other path.
@@ -318,9 +304,9 @@ pub async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
 
-fn rejected_body(state: &AppState, e: BytesRejection) -> ApiError {
+fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
     let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        format!("the request body is larger than {} bytes (--http-max-body-bytes)", state.max_body_bytes)
+        format!("the request body is larger than {} bytes (--http-max-body-bytes)", service.max_body_bytes)
     } else {
         format!("cannot read the request body: {}", e.body_text())
     };

@@ -1,15 +1,14 @@
-//! The KServe v2 binary tensor data extension over HTTP: an `/infer` body
-//! is a JSON header of `Inference-Header-Content-Length` bytes followed by
-//! the raw data of the inputs that carry `binary_data_size`, in input
-//! order; outputs asked for with `binary_data` (or the request parameter
-//! `binary_data_output`) come back the same way.
+//! The KServe v2 binary tensor data extension (Triton's
+//! `docs/protocol/extension_binary_data.md`): an `/infer` body is a JSON
+//! header of `Inference-Header-Content-Length` bytes followed by the raw
+//! data of the inputs that carry `binary_data_size`, in input order;
+//! outputs asked for with `binary_data` (or the request parameter
+//! `binary_data_output`) come back the same way. Bodies in, bodies out: the
+//! HTTP framing (headers, content types) is the front end's.
 
-use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::v2_json::{InferRequest, InferResponse, InputTensor, OutputTensor};
+use super::json::{InferRequest, InferResponse, InputTensor, OutputTensor};
 use crate::config::Signature;
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, element_count, push_bytes_element, request_datatype};
@@ -25,9 +24,10 @@ pub struct Decoded {
     pub tensors: Vec<Tensor>,
 }
 
-/// Reads an `/infer` body. Without `Inference-Header-Content-Length` it is
-/// all JSON; with it, the JSON header is followed by binary tensor data;
-/// with the value 0 the whole body is the raw data of the model's only
+/// Reads an `/infer` body; `header_length` is the value of its
+/// `Inference-Header-Content-Length` header, if it has one. Without it the
+/// body is all JSON; with it, the JSON header is followed by binary tensor
+/// data; with the value 0 the whole body is the raw data of the model's only
 /// input (its datatype and shape taken from the signature).
 ///
 /// # Errors
@@ -36,19 +36,17 @@ pub struct Decoded {
 /// both or neither of `data` and `binary_data_size`, a size past the end of
 /// the body, bytes left over, or data that does not fill the input's shape
 /// (including a `BYTES` element length past the end).
-pub fn decode(headers: &HeaderMap, body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
-    let Some(value) = headers.get(HEADER_LENGTH) else {
+pub fn decode(header_length: Option<&[u8]>, body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
+    let Some(value) = header_length else {
         return tensors(json(body)?, None);
     };
-    let length =
-        value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n <= body.len()).ok_or_else(
-            || {
-                bad(format!(
-                    "{HEADER_LENGTH} must be a whole number from 0 to the body's length ({} bytes), got {value:?}",
-                    body.len()
-                ))
-            },
-        )?;
+    let text = String::from_utf8_lossy(value);
+    let length = text.trim().parse::<usize>().ok().filter(|&n| n <= body.len()).ok_or_else(|| {
+        bad(format!(
+            "{HEADER_LENGTH} must be a whole number from 0 to the body's length ({} bytes), got {text:?}",
+            body.len()
+        ))
+    })?;
     if length == 0 {
         return raw_input(body, signature);
     }
@@ -107,7 +105,10 @@ fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, 
 
 /// The input's `binary_data_size` parameter, if it has one. Also reads the
 /// outputs of a remote server's response, which have the same fields.
-pub(crate) fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when it is not a non-negative integer.
+pub fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
     match input.parameters.get("binary_data_size") {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
@@ -118,7 +119,11 @@ pub(crate) fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
 
 /// The tensor `input` describes, holding the binary `data` that followed
 /// the JSON header.
-pub(crate) fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unknown datatype, a negative dimension
+/// or data that does not fill the shape.
+pub fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error> {
     let datatype =
         request_datatype(&input.datatype, &input.shape).map_err(|m| bad(format!("input '{}': {m}", input.name)))?;
     let tensor = Tensor { name: input.name, datatype, shape: input.shape, data };
@@ -191,12 +196,23 @@ pub fn wants_binary(request: &InferRequest, output: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The response body: JSON alone, or, when any output is binary, the JSON
-/// header followed by those outputs' data, with `Inference-Header-Content-Length`.
+/// A response body as [`encode`] writes it.
+pub struct Encoded {
+    /// JSON alone, or the JSON header followed by the binary outputs' data.
+    pub body: Vec<u8>,
+    /// The JSON header's length in bytes, the value of the response's
+    /// `Inference-Header-Content-Length`, when any output is binary; `None`
+    /// for a body that is all JSON.
+    pub header_length: Option<usize>,
+}
+
+/// The response body for `outputs`, each with whether it goes as binary
+/// data: JSON alone, or, when any output is binary, the JSON header followed
+/// by those outputs' data.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for an FP16/BF16 output asked for as JSON.
-pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, bool)>) -> Result<Response, Error> {
+pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, bool)>) -> Result<Encoded, Error> {
     let mut binary = Vec::new();
     for (tensor, as_binary) in outputs {
         response.outputs.push(if as_binary {
@@ -208,15 +224,11 @@ pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, bool)>) -> Resu
         });
     }
     let mut body = serde_json::to_vec(&response).expect("a response serialises");
-    let mut headers = HeaderMap::new();
-    if response.outputs.iter().any(|o| o.parameters.is_some()) {
-        headers.insert(HEADER_LENGTH, HeaderValue::from(body.len()));
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    let header_length = response.outputs.iter().any(|o| o.parameters.is_some()).then_some(body.len());
+    if header_length.is_some() {
         body.extend_from_slice(&binary);
-    } else {
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    Ok((headers, Body::from(body)).into_response())
+    Ok(Encoded { body, header_length })
 }
 
 fn bad(message: String) -> Error {
@@ -236,14 +248,12 @@ mod tests {
         }
     }
 
-    fn body(header: &str, binary: &[u8]) -> (HeaderMap, Vec<u8>) {
-        let mut headers = HeaderMap::new();
-        headers.insert(HEADER_LENGTH, HeaderValue::from(header.len()));
-        (headers, [header.as_bytes(), binary].concat())
+    fn body(header: &str, binary: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        (header.len().to_string().into_bytes(), [header.as_bytes(), binary].concat())
     }
 
-    fn error(headers: &HeaderMap, body: &[u8]) -> String {
-        match decode(headers, body, &signature(DataType::Fp32, &[2], 4)) {
+    fn error(header_length: &[u8], body: &[u8]) -> String {
+        match decode(Some(header_length), body, &signature(DataType::Fp32, &[2], 4)) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted"),
         }
@@ -258,8 +268,8 @@ mod tests {
             {"name":"a","shape":[2],"datatype":"INT16","parameters":{"binary_data_size":4}},
             {"name":"b","shape":[1],"datatype":"INT8","data":[7]},
             {"name":"c","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}"#;
-        let (headers, body) = body(header, &[1, 0, 2, 0, 2, 0, 0, 0, b'h', b'i']);
-        let decoded = decode(&headers, &body, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        let (length, body) = body(header, &[1, 0, 2, 0, 2, 0, 0, 0, b'h', b'i']);
+        let decoded = decode(Some(&length), &body, &signature(DataType::Fp32, &[2], 4)).unwrap();
         assert_eq!(decoded.tensors[0].data, vec![1, 0, 2, 0]);
         assert_eq!(decoded.tensors[1].data, vec![7]);
         assert_eq!(decoded.tensors[2].data, vec![2, 0, 0, 0, b'h', b'i']);
@@ -267,34 +277,51 @@ mod tests {
 
     #[test]
     fn malformed_binary_requests_are_refused_with_the_reason() {
-        let (mut headers, full) = body(ONE_INPUT, &[0; 8]);
-        headers.insert(HEADER_LENGTH, HeaderValue::from(full.len() + 1));
-        assert!(error(&headers, &full).contains("from 0 to the body's length"));
+        let (_, full) = body(ONE_INPUT, &[0; 8]);
+        assert!(error((full.len() + 1).to_string().as_bytes(), &full).contains("from 0 to the body's length"));
+        assert!(error(b"twelve", &full).contains("got \"twelve\""));
 
-        let (headers, short) = body(ONE_INPUT, &[0; 4]);
-        assert!(error(&headers, &short).contains("only 4 bytes of binary data are left"));
+        let (length, short) = body(ONE_INPUT, &[0; 4]);
+        assert!(error(&length, &short).contains("only 4 bytes of binary data are left"));
 
-        let (headers, long) = body(ONE_INPUT, &[0; 12]);
-        assert!(error(&headers, &long).contains("4 bytes of binary data are left over"));
+        let (length, long) = body(ONE_INPUT, &[0; 12]);
+        assert!(error(&length, &long).contains("4 bytes of binary data are left over"));
 
         let both = r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2],"parameters":{"binary_data_size":8}}]}"#;
-        let (headers, b) = body(both, &[0; 8]);
-        assert!(error(&headers, &b).contains("both 'data' and 'binary_data_size'"));
+        let (length, b) = body(both, &[0; 8]);
+        assert!(error(&length, &b).contains("both 'data' and 'binary_data_size'"));
 
         let strings = r#"{"inputs":[{"name":"s","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}"#;
-        let (headers, b) = body(strings, &[9, 0, 0, 0, b'h', b'i']);
-        assert!(error(&headers, &b).contains("malformed BYTES"));
+        let (length, b) = body(strings, &[9, 0, 0, 0, b'h', b'i']);
+        assert!(error(&length, &b).contains("malformed BYTES"));
     }
 
     #[test]
     fn a_zero_header_length_makes_the_body_the_only_input() {
-        let mut headers = HeaderMap::new();
-        headers.insert(HEADER_LENGTH, HeaderValue::from(0));
+        let zero = Some(&b"0"[..]);
         let raw = [0u8; 16];
-        let decoded = decode(&headers, &raw, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[2], 4)).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![2, 2]);
-        let decoded = decode(&headers, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
+        let decoded = decode(zero, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1]);
-        assert!(decode(&headers, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
+        assert!(decode(zero, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
+    }
+
+    #[test]
+    fn binary_outputs_follow_the_json_header() {
+        let response =
+            || InferResponse { model_name: "m".into(), model_version: "1".into(), id: None, outputs: vec![] };
+        let y = Tensor { name: "y".into(), datatype: DataType::Int8, shape: vec![2], data: vec![3, 4] };
+        let encoded = encode(response(), vec![(y.clone(), true)]).unwrap();
+        let n = encoded.header_length.unwrap();
+        let header: Value = serde_json::from_slice(&encoded.body[..n]).unwrap();
+        assert_eq!(header["outputs"][0]["parameters"]["binary_data_size"], 2);
+        assert_eq!(&encoded.body[n..], &[3, 4]);
+        let json = encode(response(), vec![(y, false)]).unwrap();
+        assert_eq!(json.header_length, None);
+        assert_eq!(
+            serde_json::from_slice::<Value>(&json.body).unwrap()["outputs"][0]["data"],
+            serde_json::json!([3, 4])
+        );
     }
 }

@@ -1,49 +1,56 @@
 //! The KServe v2 (Open Inference Protocol) JSON messages and the conversion
-//! of JSON tensor `data` to and from raw tensor bytes.
+//! of JSON tensor `data` to and from raw tensor bytes (the protocol's
+//! "Inference Request JSON Object" and "Tensor Data" sections).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::Error;
-use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element, request_datatype};
 
 /// `POST /v2/models/{m}/infer` body.
 #[derive(Debug, Default, Deserialize)]
 pub struct InferRequest {
+    /// The client's request id, echoed in the response.
     #[serde(default)]
     pub id: Option<String>,
+    /// Request parameters (`priority`, `timeout`, `binary_data_output`).
     #[serde(default)]
     pub parameters: Map<String, Value>,
+    /// The input tensors.
     pub inputs: Vec<InputTensor>,
+    /// The outputs asked for; absent means all.
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutput>>,
 }
 
 impl InferRequest {
-    /// The scheduling options in the request `parameters`: `priority` (a
-    /// priority level, 1 = highest) and `timeout` (queue timeout in
-    /// microseconds), as Triton reads them.
+    /// The request parameter `key` as a non-negative integer (`priority`,
+    /// `timeout`, as Triton reads them); `None` when absent or `null`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when either is not a non-negative integer.
-    pub fn options(&self) -> Result<RequestOptions, Error> {
-        let number = |key: &str| match self.parameters.get(key) {
+    /// [`Error::InvalidArgument`] naming the parameter when it is anything
+    /// else.
+    pub fn uint_parameter(&self, key: &str) -> Result<Option<u64>, Error> {
+        match self.parameters.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
                 Error::InvalidArgument(format!("request parameter '{key}' must be a non-negative integer, got {v}"))
             }),
-        };
-        Ok(RequestOptions { priority: number("priority")?, timeout_us: number("timeout")? })
+        }
     }
 }
 
 /// One input tensor of an inference request.
 #[derive(Debug, Deserialize)]
 pub struct InputTensor {
+    /// The input's name.
     pub name: String,
+    /// Its full shape, batch dimension included.
     pub shape: Vec<i64>,
+    /// The v2 datatype name (`FP32`, `BYTES`, ...).
     pub datatype: String,
+    /// Tensor parameters (`binary_data_size`).
     /// `null` reads as none: the KServe Python server sends it that way.
     #[serde(default, deserialize_with = "null_as_empty")]
     pub parameters: Map<String, Value>,
@@ -59,7 +66,9 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, V
 /// An output the client asks for.
 #[derive(Debug, Deserialize)]
 pub struct RequestedOutput {
+    /// The output's name.
     pub name: String,
+    /// Output parameters (`binary_data`).
     #[serde(default)]
     pub parameters: Map<String, Value>,
 }
@@ -67,10 +76,14 @@ pub struct RequestedOutput {
 /// The inference response body.
 #[derive(Debug, Serialize)]
 pub struct InferResponse {
+    /// The model that answered.
     pub model_name: String,
+    /// Its version.
     pub model_version: String,
+    /// The request's id, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// The output tensors.
     pub outputs: Vec<OutputTensor>,
 }
 
@@ -78,11 +91,16 @@ pub struct InferResponse {
 /// binary tensor data, `parameters.binary_data_size` and no `data`.
 #[derive(Debug, Serialize)]
 pub struct OutputTensor {
+    /// The output's name.
     pub name: String,
+    /// Its v2 datatype name.
     pub datatype: &'static str,
+    /// Its full shape.
     pub shape: Vec<i64>,
+    /// `{"binary_data_size": N}` for an output sent as binary data.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
+    /// The elements, for an output sent as JSON.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<OutputData>,
 }
@@ -92,29 +110,43 @@ pub struct OutputTensor {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum OutputData {
+    /// BOOL.
     Bool(Vec<bool>),
+    /// UINT8 to UINT64.
     Unsigned(Vec<u64>),
+    /// INT8 to INT64.
     Signed(Vec<i64>),
+    /// FP32.
     Fp32(Vec<f32>),
+    /// FP64.
     Fp64(Vec<f64>),
+    /// BYTES, as UTF-8 text (invalid sequences replaced).
     Bytes(Vec<String>),
 }
 
 /// `GET /v2/models/{m}` body.
 #[derive(Debug, Serialize)]
 pub struct ModelMetadata {
+    /// The model's name.
     pub name: String,
+    /// Its READY versions, ascending.
     pub versions: Vec<String>,
+    /// The platform (`onnxruntime_onnx`, `pytorch_libtorch`).
     pub platform: String,
+    /// The inputs.
     pub inputs: Vec<TensorMetadata>,
+    /// The outputs.
     pub outputs: Vec<TensorMetadata>,
 }
 
 /// A tensor in model metadata; -1 marks a dimension of any size.
 #[derive(Debug, Serialize)]
 pub struct TensorMetadata {
+    /// The tensor's name.
     pub name: String,
+    /// Its v2 datatype name.
     pub datatype: &'static str,
+    /// Its full shape, -1 for a dimension of any size.
     pub shape: Vec<i64>,
 }
 

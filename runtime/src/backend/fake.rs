@@ -1,0 +1,128 @@
+//! A backend for unit tests (only built for tests): one FP32 input `x` and
+//! one FP32 output `y = 2x`, both `[-1, 1]`. It counts its executions and
+//! the rows of each, refuses a batch holding the value -1 (as a framework
+//! refuses an input it cannot process), and can be held at a [`Gate`] so a
+//! test decides when an execution finishes, instead of waiting for time.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::{Backend, BackendError, BackendKind, ModelIo};
+use crate::tensor::{DataType, Tensor};
+
+/// Holds executions until the test opens it; counts who waits.
+#[derive(Default)]
+pub struct Gate {
+    state: Mutex<(bool, usize)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn closed() -> Arc<Gate> {
+        Arc::new(Gate::default())
+    }
+
+    /// Lets every waiting and later execution through.
+    pub fn open(&self) {
+        self.state.lock().unwrap().0 = true;
+        self.changed.notify_all();
+    }
+
+    /// Blocks until `n` executions wait at the gate.
+    pub fn wait_for_waiters(&self, n: usize) {
+        let mut state = self.state.lock().unwrap();
+        while state.1 < n {
+            state = self.changed.wait(state).unwrap();
+        }
+    }
+
+    /// Waits at the gate (counted as a waiter) until it is open.
+    pub fn pass(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.1 += 1;
+        self.changed.notify_all();
+        while !state.0 {
+            state = self.changed.wait(state).unwrap();
+        }
+        state.1 -= 1;
+    }
+}
+
+/// The doubling backend.
+pub struct Doubler {
+    io: (Vec<ModelIo>, Vec<ModelIo>),
+    gate: Option<Arc<Gate>>,
+    /// The rows of each execution, in order.
+    pub executions: Mutex<Vec<usize>>,
+}
+
+impl Doubler {
+    /// A doubler whose executions wait at `gate` (when given).
+    pub fn gated(gate: Option<Arc<Gate>>) -> Doubler {
+        let io = |name: &str| ModelIo {
+            name: name.into(),
+            datatype: Some(DataType::Fp32),
+            type_name: "FP32".into(),
+            shape: vec![-1, 1],
+        };
+        Doubler { io: (vec![io("x")], vec![io("y")]), gate, executions: Mutex::default() }
+    }
+
+    /// One request's input: `values` as `x` of shape `[rows, 1]`.
+    pub fn input(values: &[f32]) -> Vec<Tensor> {
+        vec![Tensor {
+            name: "x".into(),
+            datatype: DataType::Fp32,
+            shape: vec![values.len() as i64, 1],
+            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }]
+    }
+
+    /// The values of an FP32 tensor.
+    pub fn values(t: &Tensor) -> Vec<f32> {
+        t.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+}
+
+impl Default for Doubler {
+    /// A doubler that runs at once.
+    fn default() -> Doubler {
+        Doubler::gated(None)
+    }
+}
+
+impl Backend for Doubler {
+    fn platform(&self) -> &str {
+        "onnxruntime_onnx"
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::OnnxRuntime
+    }
+
+    fn inputs(&self) -> &[ModelIo] {
+        &self.io.0
+    }
+
+    fn outputs(&self) -> &[ModelIo] {
+        &self.io.1
+    }
+
+    fn metadata(&self) -> &[(String, String)] {
+        &[]
+    }
+
+    fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
+        if let Some(gate) = &self.gate {
+            gate.pass();
+        }
+        let x = &inputs[0];
+        let values = Doubler::values(x);
+        self.executions.lock().unwrap().push(x.shape[0] as usize);
+        if values.contains(&-1.0) {
+            return Err(BackendError::InvalidInput("-1 is not a number this model takes".into()));
+        }
+        let data = values.iter().flat_map(|v| (2.0 * v).to_le_bytes()).collect();
+        Ok(vec![Tensor { name: "y".into(), datatype: DataType::Fp32, shape: x.shape.clone(), data }])
+    }
+}

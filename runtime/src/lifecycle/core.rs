@@ -1,0 +1,372 @@
+//! What every control mode shares: the record of what was loaded from
+//! where, the loading itself (a new or changed version beside the one
+//! serving, the old one retired once the new one is READY), unloading, and
+//! keeping the residency accounting and metrics in step with the registry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::LoadLimits;
+use super::loader::Loader;
+use crate::config::{self, ModelConfig};
+use crate::error::{Error, LoadError};
+use crate::metrics::Metrics;
+use crate::model::Model;
+use crate::registry::Registry;
+use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
+use crate::residency::{self, Residency};
+
+/// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
+pub const PINNED_PARAMETER: &str = "pinned";
+
+/// Why an evicted model is not serving.
+const EVICTED: &str = "evicted to stay within the memory budget; the next request loads it again";
+
+/// Where a READY version came from: the model folder's own files, the
+/// version folder's files and the configuration override, if any. The same
+/// key means there is nothing to reload.
+type LoadKey = (Fingerprint, Fingerprint, Option<String>);
+
+/// What the lifecycle last did with one model. Its mutex also serialises
+/// the loads and unloads of that model: concurrent first requests for a cold
+/// model wait on it, and find the model loaded.
+#[derive(Default)]
+pub(super) struct ModelRecord {
+    /// The files (and override) the last load attempt saw; poll mode tries
+    /// again only when they change.
+    pub(super) attempted: Option<(ModelFiles, Option<String>)>,
+    /// Why that attempt failed, if it did.
+    pub(super) failure: Option<LoadError>,
+    /// Each READY version's origin and measured footprint in bytes.
+    loaded: BTreeMap<u64, (LoadKey, u64)>,
+}
+
+impl ModelRecord {
+    /// The measured footprint of the model's READY versions, in bytes.
+    pub(super) fn footprint(&self) -> u64 {
+        self.loaded.values().map(|(_, bytes)| bytes).sum()
+    }
+}
+
+/// How one load counts and names its model.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LoadOptions {
+    /// The model counts for readiness from now on.
+    pub(super) wanted: bool,
+    /// The model serves under its folder's name (a ModelMesh model id)
+    /// whatever its configuration calls it; otherwise a configuration's
+    /// `name` must be the folder's.
+    pub(super) rename: bool,
+}
+
+/// The shared core of every control mode.
+pub(super) struct Core {
+    pub(super) registry: Arc<Registry>,
+    loader: Arc<dyn Loader>,
+    repositories: Vec<PathBuf>,
+    records: Mutex<HashMap<String, Arc<tokio::sync::Mutex<ModelRecord>>>>,
+    pub(super) residency: Residency,
+    load_permits: tokio::sync::Semaphore,
+    pub(super) limits: LoadLimits,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Core {
+    pub(super) fn new(
+        loader: Arc<dyn Loader>,
+        registry: Arc<Registry>,
+        repositories: Vec<PathBuf>,
+        residency: Residency,
+        limits: LoadLimits,
+        metrics: Arc<Metrics>,
+    ) -> Core {
+        metrics.residency.budget_bytes.set(limits.budget.bytes.map_or(0, |b| b as i64));
+        Core {
+            registry,
+            loader,
+            repositories,
+            records: Mutex::default(),
+            residency,
+            load_permits: tokio::sync::Semaphore::new(limits.concurrency.max(1)),
+            limits,
+            metrics,
+        }
+    }
+
+    /// The model folders of every repository.
+    ///
+    /// # Errors
+    /// A message when a repository cannot be read.
+    pub(super) fn scan(&self) -> Result<Vec<ModelDir>, String> {
+        repository::scan(&self.repositories)
+    }
+
+    /// The folder of model `name` in the repositories, if there is one.
+    pub(super) fn find(&self, name: &str) -> Option<ModelDir> {
+        if !repository::is_model_name(name) {
+            return None;
+        }
+        self.repositories
+            .iter()
+            .map(|r| ModelDir { name: name.to_owned(), path: r.join(name) })
+            .find(|d| d.path.is_dir())
+    }
+
+    /// The record of model `name`, created empty the first time.
+    pub(super) fn record(&self, name: &str) -> Arc<tokio::sync::Mutex<ModelRecord>> {
+        self.records.lock().expect("records lock").entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Every model that has a record.
+    pub(super) fn recorded(&self) -> Vec<String> {
+        self.records.lock().expect("records lock").keys().cloned().collect()
+    }
+
+    /// Forgets the record of `name` unless someone else holds or waits for
+    /// it (`record` is the caller's own handle).
+    pub(super) fn forget_record(&self, name: &str, record: &Arc<tokio::sync::Mutex<ModelRecord>>) {
+        let mut records = self.records.lock().expect("records lock");
+        // Only the caller holds it besides the map: nothing waits on it.
+        if Arc::strong_count(record) == 2 {
+            records.remove(name);
+        }
+    }
+
+    /// Loads `name` (the versions its policy selects), or reloads what
+    /// changed; `config_json` overrides `config.pbtxt`. The model counts for
+    /// readiness from now on.
+    ///
+    /// # Errors
+    /// [`LoadError::Invalid`] when there is no such model folder; otherwise
+    /// as [`Core::load_locked`], with every failure's reason. Versions
+    /// serving before keep serving.
+    pub(super) async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), LoadError> {
+        // A name with no folder leaves no trace: a typo in a load request
+        // must not make the server unready.
+        let dir = self.find(name).ok_or_else(|| {
+            let reason = if repository::is_model_name(name) {
+                format!("no model folder '{name}' in the model repositories")
+            } else {
+                format!("'{name}' is not a model name (one folder name: no '/', not empty, '.' or '..')")
+            };
+            tracing::error!(model = %name, "cannot load: {reason}");
+            LoadError::Invalid(reason)
+        })?;
+        let record = self.record(name);
+        let mut record = record.lock().await;
+        let options = LoadOptions { wanted: true, rename: false };
+        self.load_locked(&dir, config_json, options, &mut record).await
+    }
+
+    /// Loads `dir` with its record held.
+    ///
+    /// # Errors
+    /// [`LoadError::Failed`] for a configuration that does not parse or
+    /// name the folder, no version to load, or versions that fail (each
+    /// named); [`LoadError::NoRoom`] when the model cannot fit the budget.
+    pub(super) async fn load_locked(
+        &self,
+        dir: &ModelDir,
+        config_json: Option<String>,
+        options: LoadOptions,
+        record: &mut ModelRecord,
+    ) -> Result<(), LoadError> {
+        self.registry.begin_load(&dir.name, options.wanted);
+        let files = ModelFiles::observe(dir);
+        let result = self.load_versions(dir, &files, config_json.as_deref(), options.rename, record).await;
+        record.attempted = Some((files, config_json));
+        record.failure = result.as_ref().err().cloned();
+        result
+    }
+
+    async fn load_versions(
+        &self,
+        dir: &ModelDir,
+        files: &ModelFiles,
+        config_json: Option<&str>,
+        rename: bool,
+        record: &mut ModelRecord,
+    ) -> Result<(), LoadError> {
+        let name = &dir.name;
+        let config = model_config(dir, config_json, rename).map_err(|reason| self.cannot_load(name, reason))?;
+        for folder in repository::ignored_folders(dir) {
+            tracing::info!(model = %name, %folder, "ignoring a folder that is not a version number");
+        }
+        let available: Vec<u64> = files.versions.keys().copied().collect();
+        let targets = repository::select_versions(config.version_policy.as_ref(), &available);
+        if targets.is_empty() {
+            let reason =
+                format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
+            return Err(self.cannot_load(name, LoadError::Failed(reason)));
+        }
+        let changed: Vec<(u64, LoadKey)> = targets
+            .iter()
+            .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
+            .filter(|(v, key)| {
+                let unchanged = record.loaded.get(v).is_some_and(|(k, _)| k == key) && self.registry.is_ready(name, *v);
+                if unchanged {
+                    tracing::debug!(model = %name, version = v, "unchanged: not reloaded");
+                }
+                !unchanged
+            })
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        // Room is made before loading for a model whose footprint is known.
+        // An unknown one loads first and is measured (the budget is exceeded
+        // by at most its size meanwhile), so that a model too large for the
+        // whole budget never evicts anything.
+        let room = match self.residency.known_footprint(name) {
+            Some(known) => self.make_room(name, known),
+            None => self.residency.check_fits(name, changed.iter().map(|(v, _)| files.versions[v].bytes()).sum()),
+        };
+        if let Err(reason) = room {
+            self.registry.fail_model(name, &reason);
+            return Err(LoadError::NoRoom(reason));
+        }
+        let mut failures = Vec::new();
+        for (version, key) in changed {
+            self.registry.set_loading(name, version);
+            match self.load_version(dir, version, &config).await {
+                Ok((model, bytes)) => {
+                    self.registry.set_ready(name, version, model, bytes);
+                    record.loaded.insert(version, (key, bytes));
+                }
+                Err(e) => {
+                    tracing::error!(model = %name, version, "load failed: {e}");
+                    self.registry.set_failed(name, version, e.message());
+                    failures.push(format!("version {version}: {e}"));
+                }
+            }
+        }
+        self.registry.retire_versions(name, &targets);
+        record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
+        let pinned = config::parameter(&config, PINNED_PARAMETER) == Some("true");
+        self.settle(name, record.footprint(), pinned).map_err(LoadError::Failed)?;
+        if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
+    }
+
+    /// Records a failure of the whole model in the registry and the log.
+    fn cannot_load(&self, name: &str, e: LoadError) -> LoadError {
+        self.registry.fail_model(name, e.message());
+        tracing::error!(model = %name, "cannot load: {e}");
+        e
+    }
+
+    /// Loads one version off the async executor, at most
+    /// `--model-load-concurrency` at a time; returns the model and its
+    /// measured footprint in bytes.
+    async fn load_version(
+        &self,
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+    ) -> Result<(Arc<Model>, u64), LoadError> {
+        let _permit = self
+            .load_permits
+            .acquire()
+            .await
+            .map_err(|_| LoadError::Failed("the server is shutting down".to_owned()))?;
+        self.metrics.residency.loads.with_label_values(&[&dir.name]).inc();
+        self.metrics.residency.loads_in_progress.inc();
+        let (loader, dir, config) = (self.loader.clone(), dir.clone(), config.clone());
+        let loading = tokio::task::spawn_blocking(move || loader.load(&dir, version, &config));
+        let result = loading.await.map_err(|e| LoadError::Failed(format!("loading panicked: {e}")));
+        self.metrics.residency.loads_in_progress.dec();
+        let (model, bytes) = result??;
+        Ok((Arc::new(model), bytes))
+    }
+
+    /// Unloads every version of `name`. Requests already accepted finish;
+    /// later ones get 503.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when no such model is known.
+    pub(super) async fn unload(&self, name: &str) -> Result<(), Error> {
+        let record = self.record(name);
+        let mut record = record.lock().await;
+        if self.find(name).is_none() && self.registry.resolve(name, None).is_err() {
+            return Err(Error::NotFound(format!("unknown model '{name}'")));
+        }
+        self.take_out(name, "unloaded");
+        *record = ModelRecord::default();
+        tracing::info!(model = %name, "unloaded");
+        Ok(())
+    }
+
+    /// Makes room for `need` more bytes for `name` as the residency's
+    /// admission says: evicting least recently used models, or refusing.
+    ///
+    /// # Errors
+    /// A message when `need` exceeds the whole budget (nothing is evicted),
+    /// or, where nothing is evicted, the room left.
+    pub(super) fn make_room(&self, name: &str, need: u64) -> Result<(), String> {
+        for victim in self.residency.make_room(name, need, |n| self.registry.is_busy(n))? {
+            tracing::info!(model = %victim, "evicting: least recently used");
+            self.metrics.residency.evictions.with_label_values(&[&victim]).inc();
+            self.take_out(&victim, EVICTED);
+        }
+        Ok(())
+    }
+
+    /// Records `name`'s measured footprint once its load finished, and
+    /// makes room if it turned out larger than room was made for.
+    ///
+    /// # Errors
+    /// A message when the footprint exceeds the whole budget (or, where
+    /// nothing is evicted, the room left): the model is taken out again, and
+    /// later requests are refused without a load.
+    fn settle(&self, name: &str, footprint: u64, pinned_by_config: bool) -> Result<(), String> {
+        if footprint == 0 {
+            self.residency.remove(name);
+            return Ok(());
+        }
+        self.residency.admit(name, footprint, pinned_by_config);
+        if let Err(reason) = self.make_room(name, footprint) {
+            self.take_out(name, &reason);
+            return Err(reason);
+        }
+        self.metrics.residency.resident_bytes.with_label_values(&[name]).set(footprint as i64);
+        self.metrics.residency.used_bytes.set(self.residency.used() as i64);
+        Ok(())
+    }
+
+    /// Takes every version of `name` out of service with `reason` and gives
+    /// its memory back once no request uses it.
+    pub(super) fn take_out(&self, name: &str, reason: &str) {
+        let models = self.registry.unload(name, reason);
+        self.residency.remove(name);
+        let _ = self.metrics.residency.resident_bytes.remove_label_values(&[name]);
+        self.metrics.residency.used_bytes.set(self.residency.used() as i64);
+        drop(models);
+        residency::release_freed_memory();
+    }
+}
+
+/// The model's configuration: the JSON override, or `config.pbtxt`. A
+/// configuration's `name` must be its folder's (or empty); with `rename` it
+/// gives way to the folder's.
+///
+/// # Errors
+/// [`LoadError::Failed`] naming the problem.
+pub(super) fn model_config(dir: &ModelDir, config_json: Option<&str>, rename: bool) -> Result<ModelConfig, LoadError> {
+    let mut config = match config_json {
+        Some(json) => config::parse_json(json)
+            .map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}")),
+        None => config::load(&dir.path),
+    }
+    .map_err(LoadError::Failed)?;
+    if rename {
+        config.name.clone_from(&dir.name);
+    }
+    if config.name.is_empty() || config.name == dir.name {
+        Ok(config)
+    } else {
+        Err(LoadError::Failed(format!(
+            "the configuration says name '{}' but the model folder is '{}'; they must match",
+            config.name, dir.name
+        )))
+    }
+}

@@ -1,0 +1,47 @@
+//! Start-up in the modes that load from the repositories: every model
+//! (`none`, `poll`), or the `--load-model` ones (`explicit`, `on_demand`),
+//! after which the repository API's load and unload decide.
+
+use super::core::Core;
+use crate::repository::ModelDir;
+
+/// Loads every model of the repositories; returns their folders.
+///
+/// # Errors
+/// A message when a repository cannot be read.
+pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, String> {
+    let dirs = core.scan()?;
+    for dir in &dirs {
+        // Errors are in the log and the index already.
+        let _ = core.load(&dir.name, None).await;
+    }
+    Ok(dirs)
+}
+
+/// Loads the models `load_models` names (`*` for all) and lists the others
+/// as not loaded, with `not_loaded` as the reason. `before_loading` sees the
+/// names to load before the first load starts.
+///
+/// # Errors
+/// A message when a repository cannot be read.
+pub(super) async fn start(
+    core: &Core,
+    load_models: &[String],
+    not_loaded: &str,
+    before_loading: impl FnOnce(&[String]),
+) -> Result<(), String> {
+    let dirs = core.scan()?;
+    let wanted: Vec<String> = if load_models.iter().any(|m| m == "*") {
+        dirs.iter().map(|d| d.name.clone()).collect()
+    } else {
+        load_models.to_vec()
+    };
+    for dir in dirs.iter().filter(|d| !wanted.contains(&d.name)) {
+        core.registry.add_unloaded(&dir.name, not_loaded);
+    }
+    before_loading(&wanted);
+    for name in &wanted {
+        let _ = core.load(name, None).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! How one model version becomes a [`Model`]: the seam between the
+//! lifecycle, which decides what to load, and the runtimes that load it.
+//! The server loads with [`RuntimeLoader`]; tests give the lifecycle a
+//! loader over fake backends.
+
+use std::time::Instant;
+
+use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::model::{Model, Runtimes};
+use crate::repository::{Fingerprint, ModelDir};
+use crate::residency;
+
+/// Loads model versions.
+pub trait Loader: Send + Sync {
+    /// Loads and warms up version `version` of `dir` with `config`, and
+    /// returns it with its memory footprint in bytes. Blocks: the lifecycle
+    /// calls it off the async executor.
+    ///
+    /// # Errors
+    /// [`LoadError::Failed`] with the reason the version cannot serve.
+    fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError>;
+}
+
+/// Loads with the real runtimes: ONNX Runtime, libtorch, remote servers and
+/// the plugin sandbox.
+pub struct RuntimeLoader {
+    runtimes: Runtimes,
+}
+
+impl RuntimeLoader {
+    /// A loader over `runtimes`.
+    pub fn new(runtimes: Runtimes) -> RuntimeLoader {
+        RuntimeLoader { runtimes }
+    }
+
+    /// The runtimes it loads with.
+    pub fn runtimes(&self) -> &Runtimes {
+        &self.runtimes
+    }
+}
+
+impl Loader for RuntimeLoader {
+    /// Logs each stage (`load: start`, `session created`, `warm-up done`,
+    /// `ready`) with the milliseconds since the start. The footprint is the
+    /// growth of the process's resident memory across the load, and at least
+    /// the size of the version's files (loads running side by side share
+    /// their growth, so a footprint can come out high, never below the
+    /// weights).
+    fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
+        let started = Instant::now();
+        let ms = || started.elapsed().as_millis() as u64;
+        // Free pages go back before and after, so the growth measured is
+        // what this load keeps, not what it or another freed.
+        residency::release_freed_memory();
+        let rss_before = residency::process_rss();
+        tracing::info!(model = %dir.name, version, "load: start");
+        let loaded = Model::load(dir, version, config, &self.runtimes).and_then(|model| {
+            tracing::info!(model = %dir.name, version, ms = ms(), "load: session created");
+            let runs = model.warm_up(&dir.path)?;
+            tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");
+            Ok(model)
+        });
+        let model = loaded.map_err(LoadError::Failed).inspect_err(|_| {
+            tracing::info!(model = %dir.name, version, ms = ms(), "load: failed");
+            // What the failed load allocated goes back to the system.
+            residency::release_freed_memory();
+        })?;
+        residency::release_freed_memory();
+        let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
+        let bytes = residency::process_rss().saturating_sub(rss_before).max(weights);
+        tracing::info!(model = %dir.name, version, ms = ms(), bytes, "load: ready");
+        self.runtimes.metrics.load_duration(&dir.name, version, started.elapsed().as_secs_f64());
+        Ok((model, bytes))
+    }
+}

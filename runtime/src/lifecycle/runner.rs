@@ -1,0 +1,43 @@
+//! The lifecycle as the [`ModelRunner`] of plugins' composed calls: the
+//! callee is resolved as a client's request is (on-demand loading and
+//! residency apply) and runs through its own scheduler and plugin.
+
+use std::sync::Arc;
+
+use super::Lifecycle;
+use crate::error::Error;
+use crate::plugin::compose::BoxFuture;
+use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
+use crate::scheduler::policy::RequestOptions;
+use crate::tensor::Tensor;
+
+impl ModelRunner for Lifecycle {
+    fn infer(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<Tensor>,
+        outputs: Vec<String>,
+    ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
+        Box::pin(async move {
+            let callee = self.resolve(&model, version).await?;
+            let (outputs, _) = callee.infer(inputs, &outputs, RequestOptions::default()).await?;
+            Ok(outputs)
+        })
+    }
+
+    fn predict(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        request: RawRequest,
+        chain: Vec<String>,
+    ) -> BoxFuture<Result<RawResponse, Error>> {
+        Box::pin(async move {
+            let callee = self.resolve(&model, version).await?;
+            let context = CallContext { runner: self, chain };
+            let (response, _) = callee.predict_within(request, context).await?;
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,234 @@
+//! Each control mode over the shared core, with fake backends
+//! (`testing::FakeLoader`): what loads at start, what the repository API
+//! may do, what a poll picks up, what a request loads and evicts, and
+//! ModelMesh's loads, unloads and purges.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::testing::{FAKE_BYTES, Repository, index, lifecycle};
+use super::{ControlMode, Source};
+use crate::backend::fake::{Doubler, Gate};
+use crate::error::{Error, LoadError};
+use crate::plugin::ModelRunner;
+use crate::residency::Budget;
+
+const NO_BUDGET: Budget = Budget { bytes: None, models: None };
+
+fn row(name: &str, version: &str, state: &'static str, reason: &str) -> (String, String, &'static str, String) {
+    (name.to_owned(), version.to_owned(), state, reason.to_owned())
+}
+
+#[tokio::test]
+async fn none_loads_every_model_at_start_and_refuses_the_repository_api() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "").add("b", &[1, 2], "version_policy: { all: {} }");
+    let (lifecycle, loader) = lifecycle(ControlMode::None, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    assert_eq!(index(&lifecycle), [row("a", "1", "READY", ""), row("b", "1", "READY", ""), row("b", "2", "READY", "")]);
+    assert_eq!(loader.count(), 3);
+    let refused = lifecycle.load("a", None).await.unwrap_err();
+    assert_eq!(
+        refused,
+        LoadError::Invalid(
+            "explicit model load and unload are not allowed in model control mode 'none'; start with --model-control-mode=explicit".into()
+        )
+    );
+    assert!(matches!(lifecycle.unload("a").await, Err(Error::InvalidArgument(m)) if m.contains("mode 'none'")));
+}
+
+#[tokio::test]
+async fn explicit_loads_the_named_models_and_then_what_the_api_says() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "").add("b", &[1], "").add(
+        "broken",
+        &[1],
+        r#"parameters { key: "fake.fail" value: { string_value: "no weights" } }"#,
+    );
+    let (lifecycle, loader) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&["a".into()]).await.unwrap();
+    assert_eq!(
+        index(&lifecycle),
+        [
+            row("a", "1", "READY", ""),
+            row("b", "", "UNAVAILABLE", "not loaded"),
+            row("broken", "", "UNAVAILABLE", "not loaded")
+        ]
+    );
+
+    lifecycle.load("b", None).await.unwrap();
+    lifecycle.load("b", None).await.unwrap();
+    assert_eq!(loader.count(), 2, "an unchanged model is not loaded again");
+    let failed = lifecycle.load("broken", None).await.unwrap_err();
+    assert_eq!(failed, LoadError::Failed("failed to load 'broken': version 1: no weights".into()));
+    assert_eq!(index(&lifecycle)[2], row("broken", "1", "UNAVAILABLE", "no weights"));
+    let missing = lifecycle.load("zzz", None).await.unwrap_err();
+    assert_eq!(
+        missing,
+        LoadError::Invalid("failed to load 'zzz': no model folder 'zzz' in the model repositories".into())
+    );
+    let escape = lifecycle.load("../a", None).await.unwrap_err().to_string();
+    assert!(escape.contains("'../a' is not a model name"), "{escape}");
+
+    lifecycle.unload("a").await.unwrap();
+    let gone = lifecycle.resolve("a", None).await.err();
+    assert_eq!(gone, Some(Error::Unavailable("model 'a' is UNAVAILABLE: unloaded".into())));
+    assert_eq!(lifecycle.unload("zzz").await, Err(Error::NotFound("unknown model 'zzz'".into())));
+
+    // The load API's configuration override reloads the model under it.
+    lifecycle.load("b", Some(r#"{"max_batch_size": 4}"#.into())).await.unwrap();
+    assert_eq!(lifecycle.resolve("b", None).await.unwrap().config.max_batch_size, 4);
+    assert_eq!(loader.count(), 4);
+}
+
+#[tokio::test]
+async fn poll_acts_on_a_folder_once_its_files_stopped_changing_and_unloads_removed_ones() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "");
+    let (lifecycle, loader) = lifecycle(ControlMode::Poll, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+
+    repo.add("b", &[1], "");
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle), [row("a", "1", "READY", "")], "a folder seen once may still be copying");
+    repo.add("b", &[1], "# still copying");
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle).len(), 1, "its files changed since the last look");
+    repo.add("b", &[1], "");
+    lifecycle.poll().await;
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle), [row("a", "1", "READY", ""), row("b", "1", "READY", "")]);
+
+    repo.add("a", &[2], "");
+    lifecycle.poll().await;
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle)[0], row("a", "2", "READY", ""), "version 2 replaced version 1 (latest policy)");
+    let loads_before = loader.count();
+    lifecycle.poll().await;
+    assert_eq!(loader.count(), loads_before, "nothing changed, nothing reloaded");
+
+    repo.remove("a");
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle)[0], row("a", "", "UNAVAILABLE", "unloaded"));
+}
+
+#[tokio::test]
+async fn on_demand_loads_on_the_first_request_and_evicts_the_least_recently_used() {
+    let repo = Repository::new();
+    for name in ["pinned", "b", "c"] {
+        repo.add(name, &[1], "");
+    }
+    repo.add("broken", &[1], r#"parameters { key: "fake.fail" value: { string_value: "no weights" } }"#);
+    let budget = Budget { bytes: Some(2 * FAKE_BYTES), models: None };
+    let (lifecycle, loader) = lifecycle(ControlMode::OnDemand, Some(&repo.path()), budget, None);
+    lifecycle.start(&["pinned".into()]).await.unwrap();
+    assert_eq!(index(&lifecycle)[0], row("b", "", "UNAVAILABLE", "not resident; the first request for it loads it"));
+
+    let b = lifecycle.resolve("b", None).await.unwrap();
+    assert_eq!(b.name, "b");
+    drop(b);
+    lifecycle.resolve("c", None).await.unwrap();
+    let rows = index(&lifecycle);
+    assert_eq!(
+        rows[0],
+        row("b", "", "UNAVAILABLE", "evicted to stay within the memory budget; the next request loads it again")
+    );
+    assert_eq!(rows[2], row("c", "1", "READY", ""));
+    assert_eq!(rows[3], row("pinned", "1", "READY", ""), "the pinned model stays");
+    let metrics = lifecycle.metrics().render();
+    assert!(metrics.contains(r#"plinth_model_evictions_total{model="b"} 1"#), "{metrics}");
+    assert!(metrics.contains("plinth_residency_misses_total 2"), "{metrics}");
+
+    let failed = lifecycle.resolve("broken", None).await.unwrap_err();
+    assert!(
+        matches!(&failed, Error::Unavailable(m) if m.contains("model 'broken' cannot be loaded: version 1: no weights")),
+        "{failed:?}"
+    );
+    let loads = loader.count();
+    lifecycle.resolve("broken", None).await.unwrap_err();
+    assert_eq!(loader.count(), loads, "a failed load is not retried until its files change");
+    lifecycle.resolve("c", None).await.unwrap();
+    assert!(lifecycle.metrics().render().contains("plinth_residency_hits_total 1"));
+}
+
+#[tokio::test]
+async fn modelmesh_loads_from_the_path_it_is_given_under_its_id() {
+    let repo = Repository::new();
+    repo.add("model", &[1], r#"name: "model""#).add("other", &[1], "");
+    let budget = Budget { bytes: Some(10 * FAKE_BYTES), models: None };
+    let (lifecycle, loader) = lifecycle(ControlMode::ModelMesh, None, budget, None);
+    let mesh = lifecycle.modelmesh().unwrap();
+    let folder = || Source::of(&repo.model_path("model"), "").unwrap();
+
+    assert_eq!(mesh.load("mm-1", folder()).await, Ok(FAKE_BYTES), "served under the id, whatever config.pbtxt says");
+    assert_eq!(lifecycle.resolve("mm-1", None).await.unwrap().name, "mm-1");
+    assert_eq!(mesh.load("mm-1", folder()).await, Ok(FAKE_BYTES));
+    assert_eq!(loader.count(), 1, "loading an id again from the same path is ModelMesh retrying");
+    let elsewhere = mesh.load("mm-1", Source::of(&repo.model_path("other"), "").unwrap()).await.unwrap_err();
+    assert!(matches!(&elsewhere, LoadError::Invalid(m) if m.contains("unload it before loading")), "{elsewhere:?}");
+    assert_eq!(mesh.model_size("mm-1"), Some(FAKE_BYTES));
+    assert!(matches!(mesh.load("", folder()).await, Err(LoadError::Invalid(_))));
+
+    mesh.unload("mm-1").await;
+    mesh.unload("mm-1").await;
+    assert_eq!(index(&lifecycle), [], "an unloaded id leaves no trace");
+    assert_eq!(mesh.model_size("mm-1"), None);
+    assert!(lifecycle.load("mm-1", None).await.unwrap_err().to_string().contains("ModelMesh loads and unloads"));
+}
+
+#[tokio::test]
+async fn modelmesh_refuses_what_does_not_fit_and_evicts_nothing() {
+    let repo = Repository::new();
+    repo.add("model", &[1], "");
+    let budget = Budget { bytes: Some(FAKE_BYTES + FAKE_BYTES / 2), models: None };
+    let (lifecycle, _) = lifecycle(ControlMode::ModelMesh, None, budget, None);
+    let mesh = lifecycle.modelmesh().unwrap();
+    mesh.load("first", Source::of(&repo.model_path("model"), "").unwrap()).await.unwrap();
+    let refused = mesh.load("second", Source::of(&repo.model_path("model"), "").unwrap()).await.unwrap_err();
+    assert!(matches!(&refused, LoadError::Failed(m) if m.contains("only 0.5 MiB of the 1.5 MiB")), "{refused:?}");
+    assert!(lifecycle.resolve("first", None).await.is_ok(), "nothing was evicted for it");
+    assert!(lifecycle.resolve("second", None).await.is_err(), "and nothing of it stays loaded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_during_a_load_aborts_that_load() {
+    let repo = Repository::new();
+    repo.add("model", &[1], "");
+    let gate = Gate::closed();
+    let (lifecycle, _) = lifecycle(ControlMode::ModelMesh, None, NO_BUDGET, Some(gate.clone()));
+    let (loading, source) = (lifecycle.clone(), Source::of(&repo.model_path("model"), "").unwrap());
+    let load = tokio::spawn(async move { loading.modelmesh().unwrap().load("mm", source).await });
+    tokio::task::spawn_blocking({
+        let gate = gate.clone();
+        move || gate.wait_for_waiters(1)
+    })
+    .await
+    .unwrap();
+    // Polled once, the purge counts itself and waits for the load's record.
+    let mut purge = Box::pin(async { lifecycle.modelmesh().unwrap().purge().await });
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(purge.as_mut().poll(&mut cx).is_pending());
+    gate.open();
+    let result = load.await.unwrap();
+    assert!(matches!(&result, Err(LoadError::Aborted(m)) if m.contains("unloaded by runtimeStatus")), "{result:?}");
+    purge.await;
+    assert_eq!(index(&lifecycle), []);
+}
+
+#[tokio::test]
+async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "");
+    let (lifecycle, _) = lifecycle(ControlMode::OnDemand, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    let runner: Arc<dyn ModelRunner> = lifecycle.clone();
+    let outputs = runner.clone().infer("a".into(), None, Doubler::input(&[1.5]), vec![]).await.unwrap();
+    assert_eq!(Doubler::values(&outputs[0]), [3.0], "an on-demand callee loads on the first call");
+    let no_plugin = runner.clone().predict("a".into(), None, Default::default(), vec!["caller".into()]).await;
+    assert!(
+        matches!(&no_plugin, Err(Error::InvalidArgument(m)) if m.contains("model 'a' has no plugin")),
+        "{no_plugin:?}"
+    );
+    let unknown = runner.infer("zzz".into(), None, vec![], vec![]).await.unwrap_err();
+    assert_eq!(unknown, Error::NotFound("unknown model 'zzz'".into()));
+}

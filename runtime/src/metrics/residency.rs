@@ -1,0 +1,53 @@
+//! Plinth's residency and load families: what is in memory under the
+//! budget, and the loads that put it there.
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use super::register;
+
+/// The residency families (`plinth_residency_*`, `plinth_model_*`,
+/// `plinth_memory_*`), recorded by the lifecycle.
+pub struct ResidencyMetrics {
+    /// Inference requests whose model was resident.
+    pub hits: IntCounter,
+    /// Inference requests whose model had to be loaded first.
+    pub misses: IntCounter,
+    /// Model loads, by model.
+    pub loads: IntCounterVec,
+    /// Evictions to make room, by model.
+    pub evictions: IntCounterVec,
+    /// Measured footprint of each resident model, in bytes.
+    pub resident_bytes: IntGaugeVec,
+    /// `--model-memory-budget` in bytes (0: none).
+    pub budget_bytes: IntGauge,
+    /// Bytes held by all resident models.
+    pub used_bytes: IntGauge,
+    /// Loads running now.
+    pub loads_in_progress: IntGauge,
+}
+
+impl ResidencyMetrics {
+    /// Creates the families and registers them with `registry`.
+    pub(super) fn register(registry: &Registry) -> ResidencyMetrics {
+        let counter = |name: &str, help: &str| register(registry, IntCounter::new(name, help).expect("valid metric"));
+        let gauge = |name: &str, help: &str| register(registry, IntGauge::new(name, help).expect("valid metric"));
+        let per_model = |name: &str, help: &str| {
+            register(registry, IntCounterVec::new(Opts::new(name, help), &["model"]).expect("valid metric"))
+        };
+        let resident_bytes = IntGaugeVec::new(
+            Opts::new("plinth_model_resident_bytes", "Measured memory footprint of each resident model, in bytes"),
+            &["model"],
+        )
+        .expect("valid metric");
+        ResidencyMetrics {
+            hits: counter("plinth_residency_hits_total", "Inference requests whose model was resident"),
+            misses: counter("plinth_residency_misses_total", "Inference requests that loaded their model"),
+            loads: per_model("plinth_model_loads_total", "Model loads, by model"),
+            evictions: per_model("plinth_model_evictions_total", "Models evicted to stay within the budget"),
+            resident_bytes: register(registry, resident_bytes),
+            budget_bytes: gauge("plinth_memory_budget_bytes", "The --model-memory-budget, in bytes (0: none)"),
+            used_bytes: gauge("plinth_memory_used_bytes", "Bytes held by all resident models"),
+            loads_in_progress: gauge("plinth_model_loads_in_progress", "Model loads running now"),
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The KServe v2 (Open Inference Protocol) wire formats over HTTP: the JSON
+//! messages ([`json`]) and the binary tensor data extension ([`binary`]).
+//! Bytes and messages in, tensors out, and back; no HTTP framework. The
+//! HTTP front end (`server`) and the remote backend (`backend::remote`),
+//! which speaks the same protocol to another server, both use it.
+
+pub mod binary;
+pub mod json;

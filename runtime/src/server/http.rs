@@ -1,0 +1,72 @@
+//! The KServe v2 HTTP front end on axum: the route table, body limits,
+//! compression, and the counting of inference requests in flight. The
+//! handlers are in `routes`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tower_http::compression::CompressionLayer;
+use tower_http::decompression::RequestDecompressionLayer;
+
+use super::{ApiError, Service, routes};
+
+/// The KServe v2 routes over `service`.
+pub fn router(service: Arc<Service>) -> Router {
+    let inference = Router::new()
+        .route("/v2/models/{model}/infer", post(routes::infer))
+        .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
+        .route("/v2/models/{model}/predict", post(routes::predict))
+        .route("/v2/models/{model}/versions/{version}/predict", post(routes::predict))
+        .route_layer(middleware::from_fn_with_state(service.clone(), track_inference));
+    Router::new()
+        .route("/v2/health/live", get(routes::live))
+        .route("/v2/health/ready", get(routes::ready))
+        .route("/v2", get(routes::server_metadata))
+        .route("/v2/models/{model}", get(routes::model_metadata))
+        .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata))
+        .route("/v2/models/{model}/ready", get(routes::model_ready))
+        .route("/v2/models/{model}/config", get(routes::model_config))
+        .route("/v2/models/{model}/versions/{version}/config", get(routes::model_config))
+        .route("/v2/models/stats", get(routes::model_stats))
+        .route("/v2/models/{model}/stats", get(routes::model_stats))
+        .route("/v2/models/{model}/versions/{version}/stats", get(routes::model_stats))
+        .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready))
+        .route("/v2/repository/index", post(routes::repository_index))
+        .route("/v2/repository/models/{model}/load", post(routes::load_model))
+        .route("/v2/repository/models/{model}/unload", post(routes::unload_model))
+        .merge(inference)
+        .fallback(routes::unknown_route)
+        .method_not_allowed_fallback(routes::wrong_method)
+        // The limit applies to the body after decompression, so a small
+        // compressed body cannot unpack past it.
+        .layer(DefaultBodyLimit::max(service.max_body_bytes))
+        .layer(RequestDecompressionLayer::new())
+        .layer(middleware::map_response(explain_unsupported_encoding))
+        .layer(CompressionLayer::new())
+        .with_state(service)
+}
+
+/// The decompression layer refuses an unknown `Content-Encoding` with an
+/// empty 415; every failure says why in `{"error"}`.
+async fn explain_unsupported_encoding(response: Response) -> Response {
+    if response.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
+        && !response.headers().contains_key(axum::http::header::CONTENT_TYPE)
+    {
+        let message = "unsupported Content-Encoding; send the body as is, gzip or deflate";
+        return ApiError::new(axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response();
+    }
+    response
+}
+
+/// Counts inference requests in flight, from before their body is read, so
+/// shutdown can wait for them, and refuses new ones once shutdown has begun.
+async fn track_inference(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    match service.begin_inference() {
+        Ok(_counted) => next.run(request).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}

@@ -1,0 +1,266 @@
+//! The service core both front ends call: readiness, server and model
+//! metadata, configuration, statistics, the repository extension and the
+//! inference entry points, each written once. The axum routes
+//! (`routes`) and the tonic services (`grpc`) only translate between their
+//! protocol and these calls.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::config::ModelConfig;
+use crate::error::Error;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::ModelStatistics;
+use crate::model::{Model, PredictTiming};
+use crate::plugin::{RawRequest, RawResponse};
+use crate::protocol::json::{ModelMetadata, TensorMetadata};
+use crate::registry::{IndexEntry, Registry, RepositoryState};
+use crate::scheduler::Timing;
+use crate::scheduler::policy::RequestOptions;
+use crate::tensor::{Tensor, TensorSpec};
+
+/// The protocol extensions Plinth serves, as server metadata lists them.
+pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"];
+
+/// The server's name in server metadata.
+pub const SERVER_NAME: &str = "plinth";
+
+/// State shared by every handler of both front ends, and the operations on
+/// it.
+pub struct Service {
+    /// Loads and unloads models; resolves requests to them.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Set once the start-up loads have been tried.
+    pub startup_done: AtomicBool,
+    /// Set at SIGTERM/SIGINT: not ready.
+    pub shutting_down: AtomicBool,
+    /// Set `--drain-delay-secs` after SIGTERM/SIGINT: no new inference.
+    pub refusing: AtomicBool,
+    /// Inference requests accepted and not yet answered.
+    pub in_flight: AtomicUsize,
+    /// `--strict-readiness`: ready only when every model is READY.
+    pub strict_readiness: bool,
+    /// `--http-max-body-bytes`: the largest body (and gRPC message) taken.
+    pub max_body_bytes: usize,
+}
+
+/// An inference request as a front end decoded it for its model.
+pub struct InferCall {
+    /// The inputs, in request order.
+    pub tensors: Vec<Tensor>,
+    /// The outputs asked for, in order; empty for all.
+    pub requested: Vec<String>,
+    /// `priority` and `timeout`.
+    pub options: RequestOptions,
+}
+
+/// What an inference returned.
+pub struct Inferred<T> {
+    /// The outputs asked for.
+    pub outputs: Vec<Tensor>,
+    /// Where its time went.
+    pub timing: Timing,
+    /// What the front end's decoder kept of the request.
+    pub request: T,
+}
+
+impl Service {
+    /// The service over `lifecycle`, not ready until the start-up loads are
+    /// done.
+    pub fn new(lifecycle: Arc<Lifecycle>, strict_readiness: bool, max_body_bytes: usize) -> Service {
+        Service {
+            lifecycle,
+            startup_done: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            strict_readiness,
+            max_body_bytes,
+        }
+    }
+
+    /// The models and their states.
+    pub fn registry(&self) -> &Registry {
+        self.lifecycle.registry()
+    }
+
+    /// Ready (`/v2/health/ready`, `ServerReady`): the start-up loads are
+    /// done, shutdown has not begun and, with `--strict-readiness`, every
+    /// model that should be loaded is READY.
+    pub fn is_ready(&self) -> bool {
+        let loaded = self.startup_done.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire);
+        loaded && (!self.strict_readiness || self.registry().all_ready())
+    }
+
+    /// Counts an inference request in flight until the guard drops.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] once shutdown has stopped taking requests.
+    pub fn begin_inference(&self) -> Result<InFlight<'_>, Error> {
+        let guard = InFlight::enter(&self.in_flight);
+        // Checked after counting, so shutdown never misses a request it let in.
+        if self.refusing.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("the server is shutting down".into()));
+        }
+        Ok(guard)
+    }
+
+    /// The model a request for `name` (and `version`) reaches; in on-demand
+    /// mode this loads it if needed.
+    ///
+    /// # Errors
+    /// As [`Lifecycle::resolve`].
+    pub async fn model(&self, name: &str, version: Option<u64>) -> Result<Arc<Model>, Error> {
+        self.lifecycle.resolve(name, version).await
+    }
+
+    /// Model readiness (`/v2/models/{m}/ready`, `ModelReady`): whether the
+    /// version is READY now; never loads.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown model or version,
+    /// [`Error::Unavailable`] with the reason when it is not READY.
+    pub fn model_ready(&self, name: &str, version: Option<u64>) -> Result<(), Error> {
+        self.registry().resolve(name, version).map(drop)
+    }
+
+    /// Model metadata (`GET /v2/models/{m}`, `ModelMetadata`): its READY
+    /// versions, platform and tensors (shapes with -1 for any size, batch
+    /// dimension included).
+    ///
+    /// # Errors
+    /// As [`Service::model`].
+    pub async fn model_metadata(&self, name: &str, version: Option<u64>) -> Result<ModelMetadata, Error> {
+        let m = self.model(name, version).await?;
+        let tensors = |specs: &[TensorSpec]| {
+            specs
+                .iter()
+                .map(|s| TensorMetadata {
+                    name: s.name.clone(),
+                    datatype: s.datatype.name(),
+                    shape: m.signature.full_shape(s),
+                })
+                .collect()
+        };
+        Ok(ModelMetadata {
+            name: m.name.clone(),
+            versions: self.registry().ready_versions(&m.name).iter().map(u64::to_string).collect(),
+            platform: m.platform().to_owned(),
+            inputs: tensors(&m.signature.inputs),
+            outputs: tensors(&m.signature.outputs),
+        })
+    }
+
+    /// The model configuration as served (`/config`, `ModelConfig`): inputs
+    /// and outputs completed from the model file.
+    ///
+    /// # Errors
+    /// As [`Service::model`].
+    pub async fn model_config(&self, name: &str, version: Option<u64>) -> Result<ModelConfig, Error> {
+        Ok(self.model(name, version).await?.completed_config())
+    }
+
+    /// Triton's statistics extension for the READY versions asked for:
+    /// every model's (no name), one model's, or one version's.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] or [`Error::Unavailable`] for a model or version
+    /// that cannot be resolved.
+    pub fn statistics(&self, name: Option<&str>, version: Option<u64>) -> Result<Vec<ModelStatistics>, Error> {
+        let registry = self.registry();
+        let models = match (name, version) {
+            (None, _) => registry.ready_models(None),
+            (Some(name), Some(v)) => vec![registry.resolve(name, Some(v))?],
+            (Some(name), None) => {
+                registry.resolve(name, None)?;
+                registry.ready_models(Some(name))
+            }
+        };
+        Ok(models.iter().map(|m| m.statistics()).collect())
+    }
+
+    /// The repository index: every model version and its state, or only the
+    /// READY ones.
+    pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
+        let rows = self.registry().index();
+        rows.into_iter().filter(|r| !ready_only || r.state == RepositoryState::Ready).collect()
+    }
+
+    /// The repository extension's `load`: loads the model, or reloads what
+    /// changed; `config_json` overrides `config.pbtxt`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] with every failure's reason, or when the
+    /// control mode has no explicit loads.
+    pub async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), Error> {
+        Ok(self.lifecycle.load(name, config_json).await?)
+    }
+
+    /// The repository extension's `unload`.
+    ///
+    /// # Errors
+    /// As [`Lifecycle::unload`].
+    pub async fn unload(&self, name: &str) -> Result<(), Error> {
+        self.lifecycle.unload(name).await
+    }
+
+    /// Runs an inference request on `model` (resolved with
+    /// [`Service::model`]): `decode` reads the request for it (a raw body
+    /// needs its signature) and returns the call and what the front end
+    /// keeps for the answer. A request refused in decoding counts as a
+    /// failure of the model.
+    ///
+    /// # Errors
+    /// `decode`'s error, and [`Model::infer`]'s.
+    pub async fn infer<T>(
+        &self,
+        model: &Model,
+        decode: impl FnOnce(&Model) -> Result<(InferCall, T), Error>,
+    ) -> Result<Inferred<T>, Error> {
+        let (call, request) = decode(model).map_err(|e| model.refused(e))?;
+        let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options).await?;
+        Ok(Inferred { outputs, timing, request })
+    }
+
+    /// Sends a raw request through `model`'s plugin and model (`/predict`);
+    /// the plugin's composed calls reach other models through the
+    /// lifecycle.
+    ///
+    /// # Errors
+    /// As [`Model::predict`].
+    pub async fn predict(&self, model: &Model, request: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
+        model.predict(request, self.lifecycle.clone()).await
+    }
+}
+
+/// A version number from a URL or a gRPC field: whole, no leading zeros.
+///
+/// # Errors
+/// [`Error::NotFound`] for a well-formed number too large to be a version,
+/// [`Error::InvalidArgument`] for anything else.
+pub fn parse_version(v: &str) -> Result<u64, Error> {
+    crate::repository::parse_version(v).ok_or_else(|| {
+        if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') {
+            Error::NotFound(format!("no version {v}"))
+        } else {
+            Error::InvalidArgument(format!("model version must be a whole number without leading zeros, got '{v}'"))
+        }
+    })
+}
+
+/// One request counted in flight until it is dropped: answered, or
+/// abandoned because its client went away.
+pub struct InFlight<'a>(&'a AtomicUsize);
+
+impl InFlight<'_> {
+    fn enter(count: &AtomicUsize) -> InFlight<'_> {
+        count.fetch_add(1, Ordering::AcqRel);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}

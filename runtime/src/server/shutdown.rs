@@ -1,0 +1,53 @@
+//! Graceful shutdown: after SIGTERM or SIGINT readiness turns false at
+//! once; for the drain delay new requests are still taken (load balancers
+//! take a moment to notice); then new inference gets 503 and accepted
+//! requests finish, up to the exit timeout.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::Service;
+
+/// How often the drain looks at the requests still in flight.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// Waits for SIGTERM or SIGINT.
+pub(super) async fn signalled() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+/// Turns the service unready, keeps serving for `drain_delay`, then refuses
+/// new inference.
+pub(super) async fn stop_taking(service: &Service, drain_delay: Duration) {
+    service.shutting_down.store(true, Ordering::Release);
+    if !drain_delay.is_zero() {
+        tracing::info!(
+            seconds = drain_delay.as_secs_f64(),
+            "shutting down: not ready, still serving for the drain delay"
+        );
+        tokio::time::sleep(drain_delay).await;
+    }
+    service.refusing.store(true, Ordering::Release);
+    tracing::info!("shutting down: refusing new inference, finishing accepted requests");
+}
+
+/// Waits up to `exit_timeout` for the requests in flight. If some are still
+/// running then (a backend call cannot be cancelled: a TorchScript loop, a
+/// hung remote), the process exits at once with status 1: waiting for them,
+/// or for the workers that run them, would hold the process past the
+/// timeout the orchestrator was promised.
+pub(super) async fn finish_accepted(service: &Service, exit_timeout: Duration) {
+    let deadline = Instant::now() + exit_timeout;
+    while service.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let unfinished = service.in_flight.load(Ordering::Acquire);
+    if unfinished > 0 {
+        tracing::warn!(unfinished, "exit timeout reached with requests still running; exiting without them");
+        std::process::exit(1);
+    }
+}
