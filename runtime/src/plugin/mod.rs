@@ -19,6 +19,8 @@ pub mod compose;
 mod contract;
 mod convert;
 pub mod scaffold;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

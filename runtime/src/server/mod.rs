@@ -12,6 +12,8 @@ mod modelmesh;
 mod routes;
 pub mod service;
 mod shutdown;
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 use std::sync::Arc;

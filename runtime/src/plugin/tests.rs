@@ -1,0 +1,202 @@
+//! The plugin host in-process, with the test plugin that misbehaves on
+//! request (`plugins/faulty`, built by `make setup`) and a fake
+//! [`ModelRunner`]: limits, traps, replaced instances, errors and
+//! composition.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::compose::BoxFuture;
+use super::{
+    CallContext, ModelInfo, ModelRunner, Plugin, PluginError, PluginHost, PluginLimits, RawRequest, RawResponse,
+};
+use crate::config::Signature;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::tensor::{DataType, Tensor, TensorSpec};
+
+/// The misbehaving test plugin.
+fn faulty_wasm() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/wasm32-wasip2/release/faulty.wasm");
+    assert!(path.is_file(), "{} is missing: run `make setup` first", path.display());
+    path
+}
+
+/// Answers composed calls: `infer` with the inputs as they came, `predict`
+/// with "from MODEL"; records each call with the chain it carried.
+#[derive(Default)]
+struct Runner {
+    calls: Mutex<Vec<(String, Vec<String>)>>,
+}
+
+impl ModelRunner for Runner {
+    fn infer(
+        self: Arc<Self>,
+        model: String,
+        _: Option<u64>,
+        inputs: Vec<Tensor>,
+        _: Vec<String>,
+    ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
+        self.calls.lock().unwrap().push((model, Vec::new()));
+        Box::pin(async move { Ok(inputs) })
+    }
+
+    fn predict(
+        self: Arc<Self>,
+        model: String,
+        _: Option<u64>,
+        _: RawRequest,
+        chain: Vec<String>,
+    ) -> BoxFuture<Result<RawResponse, Error>> {
+        let body = format!("from {model}").into_bytes();
+        self.calls.lock().unwrap().push((model, chain));
+        Box::pin(async move { Ok(RawResponse { content_type: "text/plain".into(), body }) })
+    }
+}
+
+struct Fixture {
+    plugin: Arc<Plugin>,
+    runner: Arc<Runner>,
+    metrics: Arc<Metrics>,
+    _model_dir: tempfile::TempDir,
+}
+
+/// The faulty plugin for model `m` (one FP32 input `x` of dims `[2]`), with
+/// `limits`.
+fn load(limits: PluginLimits) -> Fixture {
+    let host = PluginHost::new(limits, None).unwrap();
+    let model_dir = tempfile::tempdir().unwrap();
+    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, dims: vec![2] };
+    let info = ModelInfo {
+        name: "m".into(),
+        version: 1,
+        signature: Signature { max_batch_size: 4, inputs: vec![spec("x")], outputs: vec![spec("y")] },
+        parameters: Vec::new(),
+        metadata: Vec::new(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let plugin = host.load(&faulty_wasm(), model_dir.path(), info, limits, metrics.for_plugin("m", 1)).unwrap();
+    Fixture { plugin: Arc::new(plugin), runner: Arc::default(), metrics, _model_dir: model_dir }
+}
+
+impl Fixture {
+    fn context(&self, chain: &[&str]) -> CallContext {
+        CallContext { runner: self.runner.clone(), chain: chain.iter().map(|m| m.to_string()).collect() }
+    }
+
+    async fn preprocess(&self, body: &str) -> Result<Vec<Tensor>, PluginError> {
+        let request = RawRequest { body: body.into(), ..RawRequest::default() };
+        self.plugin.preprocess(Arc::new(request), self.context(&["m"])).await
+    }
+
+    async fn postprocess(&self, body: &str, chain: &[&str]) -> Result<RawResponse, PluginError> {
+        let request = RawRequest { body: body.into(), ..RawRequest::default() };
+        self.plugin.postprocess(Arc::new(request), Vec::new(), self.context(chain)).await
+    }
+
+    fn metric(&self, series: &str) -> String {
+        let text = self.metrics.render();
+        text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in {text}")).to_owned()
+    }
+}
+
+fn failed(result: Result<impl std::fmt::Debug, PluginError>) -> String {
+    match result {
+        Err(PluginError::Failed(m)) => m,
+        other => panic!("expected a plugin failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_model_s_limits_win_over_the_server_s_and_bad_ones_are_named() {
+    let server = PluginLimits::default();
+    fn param(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        move |key| pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string())
+    }
+    let keys = ["plugin.memory_limit", "plugin.timeout_ms", "plugin.instances"];
+    let values = [("plugin.memory_limit", "512MiB"), ("plugin.timeout_ms", "50"), ("plugin.instances", "3")];
+    let model = server.for_model(&keys, param(&values)).unwrap();
+    assert_eq!((model.memory_bytes, model.call_timeout, model.instances), (512 << 20, Duration::from_millis(50), 3));
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let refused: [Case; 5] = [
+        (&["plugin.timeout"], &[], "unknown parameter 'plugin.timeout'"),
+        (
+            &["plugin.timeout_ms"],
+            &[("plugin.timeout_ms", "0")],
+            "'plugin.timeout_ms' must be a whole number above 0, got '0'",
+        ),
+        (&["plugin.timeout_ms"], &[("plugin.timeout_ms", "600001")], "at most 600000 (10 minutes)"),
+        (&["plugin.memory_limit"], &[("plugin.memory_limit", "8GiB")], "a plugin's memory can be at most 4GiB"),
+        (&["plugin.instances"], &[("plugin.instances", "257")], "'plugin.instances' is 257; at most 256"),
+    ];
+    for (keys, values, message) in refused {
+        let error = server.for_model(keys, param(values)).unwrap_err();
+        assert!(error.contains(message), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_plugin_fails_its_call_and_the_next_call_gets_a_fresh_instance() {
+    let f = load(PluginLimits::default());
+    let error = failed(f.preprocess("trap").await);
+    assert!(error.starts_with("plugin 'faulty.wasm' of model 'm' trapped in preprocess"), "{error}");
+    assert!(error.contains("deliberate trap requested by the test"), "its panic message is quoted: {error}");
+    let inputs = f.preprocess("ok").await.unwrap();
+    assert_eq!((inputs[0].name.as_str(), inputs[0].shape.as_slice()), ("x", &[1, 2][..]));
+    assert_eq!(f.metric("plinth_plugin_traps_total"), r#"plinth_plugin_traps_total{model="m",version="1"} 1"#);
+    assert_eq!(
+        f.metric("plinth_plugin_instance_starts_total"),
+        r#"plinth_plugin_instance_starts_total{model="m",version="1"} 2"#,
+        "the first instance, and the one replacing it"
+    );
+    assert!(f.metric("plinth_plugin_failures_total").ends_with(" 1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_past_its_time_or_memory_limit_is_stopped() {
+    let limits =
+        PluginLimits { call_timeout: Duration::from_millis(200), memory_bytes: 64 << 20, ..PluginLimits::default() };
+    let f = load(limits);
+    let error = failed(f.preprocess("loop").await);
+    assert_eq!(
+        error,
+        "plugin 'faulty.wasm' of model 'm' exceeded its time limit of 200 ms in preprocess and was stopped"
+    );
+    let error = failed(f.preprocess("alloc").await);
+    assert!(error.contains("memory allocation of 1073741824 bytes failed"), "{error}");
+    assert!(f.preprocess("ok").await.is_ok(), "the next call is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_the_request_s_fault_not_the_plugin_s() {
+    let f = load(PluginLimits::default());
+    let result = f.preprocess("bad").await;
+    assert_eq!(
+        result.unwrap_err(),
+        PluginError::BadInput("plugin 'faulty.wasm' of model 'm': deliberate bad input".into())
+    );
+    assert!(!f.metrics.render().contains("plinth_plugin_failures_total{"), "a refusal is not a plugin failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn composed_calls_reach_the_runner_with_the_request_s_chain() {
+    let f = load(PluginLimits::default());
+    let response = f.postprocess("call:callee/ok", &["outer", "m"]).await.unwrap();
+    assert_eq!(response.body, b"from callee");
+    let inferred = f.postprocess("self-infer", &["m"]).await.unwrap();
+    let outputs: serde_json::Value = serde_json::from_slice(&inferred.body).unwrap();
+    assert_eq!(outputs["outputs"][0]["shape"], serde_json::json!([1, 2]), "{outputs}");
+    let calls = f.runner.calls.lock().unwrap().clone();
+    assert_eq!(calls, [("callee".to_owned(), vec!["outer".to_owned(), "m".to_owned()]), ("m".to_owned(), vec![])]);
+
+    let cycle = failed(f.postprocess("call:outer/ok", &["outer", "m"]).await);
+    assert!(
+        cycle.contains("calling model 'outer' from outer → m would be a cycle (outer → m → outer); nothing ran"),
+        "{cycle}"
+    );
+    let deep: Vec<String> = (0..8).map(|i| format!("m{i}")).collect();
+    let chain: Vec<&str> = deep.iter().map(String::as_str).collect();
+    let too_deep = failed(f.postprocess("call:callee/ok", &chain).await);
+    assert!(too_deep.contains("would pass through more than 8 plugins"), "{too_deep}");
+}

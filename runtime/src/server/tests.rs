@@ -1,0 +1,148 @@
+//! The HTTP router in-process (`Router::oneshot`, no socket, no binary) over
+//! a real service, lifecycle and scheduler with fake backends
+//! (`lifecycle::testing`): status codes, error bodies and values.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::{Service, router};
+use crate::lifecycle::ControlMode;
+use crate::lifecycle::testing::{Repository, lifecycle};
+use crate::residency::Budget;
+
+const NO_BUDGET: Budget = Budget { bytes: None, models: None };
+
+/// A started service in `mode` over a repository holding the doubler
+/// `twice` (versions 2, 9 and 10, all served).
+async fn started(mode: ControlMode) -> (Repository, Arc<Service>) {
+    let repo = Repository::new();
+    repo.add("twice", &[2, 9, 10], "version_policy: { all: {} }");
+    let (lifecycle, _) = lifecycle(mode, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&["*".into()]).await.unwrap();
+    let service = Arc::new(Service::new(lifecycle, true, 1 << 20));
+    service.startup_done.store(true, Ordering::Release);
+    (repo, service)
+}
+
+/// Sends `method path` with `body` through the router; the status and the
+/// body as JSON (`null` when empty).
+async fn call(service: &Arc<Service>, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
+    let request = Request::builder().method(method).uri(path).body(Body::from(body.to_owned())).unwrap();
+    let response = router(service.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    (status, body)
+}
+
+fn error(text: &str) -> Value {
+    json!({ "error": text })
+}
+
+#[tokio::test]
+async fn inference_returns_the_model_s_values() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let request = r#"{"id": "r1", "inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "data": [1.5, -2]}]}"#;
+    let (status, body) = call(&service, "POST", "/v2/models/twice/infer", request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({ "model_name": "twice", "model_version": "10", "id": "r1",
+                "outputs": [{ "name": "y", "datatype": "FP32", "shape": [2, 1], "data": [3.0, -4.0] }] })
+    );
+    let (status, body) = call(&service, "POST", "/v2/models/twice/versions/9/infer", request).await;
+    assert_eq!((status, &body["model_version"]), (StatusCode::OK, &json!("9")));
+}
+
+#[tokio::test]
+async fn bad_requests_say_why_with_the_right_status() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let cases = [
+        ("GET", "/v2/models/zzz", "", StatusCode::NOT_FOUND, "unknown model 'zzz'"),
+        ("GET", "/v2/models/twice/versions/3", "", StatusCode::NOT_FOUND, "model 'twice' has no version 3"),
+        (
+            "GET",
+            "/v2/models/twice/versions/07",
+            "",
+            StatusCode::BAD_REQUEST,
+            "model version must be a whole number without leading zeros, got '07'",
+        ),
+        ("POST", "/v2/repository/models/zzz/unload", "", StatusCode::NOT_FOUND, "unknown model 'zzz'"),
+        ("GET", "/v3/nothing", "", StatusCode::NOT_FOUND, "unknown route; see the KServe v2 protocol's /v2/... routes"),
+        ("DELETE", "/v2/models/twice", "", StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
+    ];
+    for (method, path, body, status, message) in cases {
+        assert_eq!(call(&service, method, path, body).await, (status, error(message)), "{method} {path}");
+    }
+    let (status, body) = call(&service, "POST", "/v2/models/twice/infer", "{not json").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().starts_with("malformed inference request JSON"), "{body}");
+    let (status, body) = call(&service, "POST", "/v2/models/twice/predict", "raw").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().starts_with("model 'twice' has no plugin"), "{body}");
+    let stats = service.statistics(Some("twice"), Some(10)).unwrap();
+    assert_eq!(stats[0].inference_stats.fail.count, 1, "the malformed request counts as a failure of the model");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_a_413_naming_the_flag() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let big = " ".repeat((1 << 20) + 1);
+    let (status, body) = call(&service, "POST", "/v2/models/twice/infer", &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body, error("the request body is larger than 1048576 bytes (--http-max-body-bytes)"));
+}
+
+#[tokio::test]
+async fn the_repository_index_lists_versions_in_numeric_order() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let (status, body) = call(&service, "POST", "/v2/repository/index", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let versions: Vec<&str> = body.as_array().unwrap().iter().map(|r| r["version"].as_str().unwrap()).collect();
+    assert_eq!(versions, ["2", "9", "10"]);
+    assert_eq!(
+        body[0],
+        json!({ "name": "twice", "version": "2", "state": "READY", "reason": "", "resident_bytes": 1048576 })
+    );
+    let (_, ready_only) = call(&service, "POST", "/v2/repository/index", r#"{"ready": true}"#).await;
+    assert_eq!(ready_only.as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn load_and_unload_follow_the_control_mode() {
+    let (_repo, service) = started(ControlMode::None).await;
+    let (status, body) = call(&service, "POST", "/v2/repository/models/twice/unload", "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains("not allowed in model control mode 'none'"), "{body}");
+
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    assert_eq!(call(&service, "POST", "/v2/repository/models/twice/unload", "").await, (StatusCode::OK, json!({})));
+    let (status, body) = call(&service, "GET", "/v2/models/twice/ready", "").await;
+    assert_eq!((status, body), (StatusCode::SERVICE_UNAVAILABLE, error("model 'twice' is UNAVAILABLE: unloaded")));
+    let config = r#"{"parameters": {"config": "{\"max_batch_size\": 2, \"version_policy\": {\"all\": {}}}"}}"#;
+    assert_eq!(call(&service, "POST", "/v2/repository/models/twice/load", config).await, (StatusCode::OK, json!({})));
+    let (_, served) = call(&service, "GET", "/v2/models/twice/config", "").await;
+    assert_eq!(served["max_batch_size"], 2, "{served}");
+    let (status, body) = call(&service, "POST", "/v2/repository/models/zzz/load", "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body, error("failed to load 'zzz': no model folder 'zzz' in the model repositories"));
+}
+
+#[tokio::test]
+async fn readiness_and_new_inference_follow_shutdown() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    assert_eq!(call(&service, "GET", "/v2/health/ready", "").await.0, StatusCode::OK);
+    service.shutting_down.store(true, Ordering::Release);
+    assert_eq!(call(&service, "GET", "/v2/health/ready", "").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(call(&service, "GET", "/v2/health/live", "").await.0, StatusCode::OK);
+    service.refusing.store(true, Ordering::Release);
+    let request = r#"{"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}"#;
+    let refused = call(&service, "POST", "/v2/models/twice/infer", request).await;
+    assert_eq!(refused, (StatusCode::SERVICE_UNAVAILABLE, error("the server is shutting down")));
+    assert_eq!(service.in_flight.load(Ordering::Acquire), 0, "a refused request is not left counted");
+}
