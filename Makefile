@@ -16,7 +16,7 @@ serve: setup
 
 test: setup
 	python3 scripts/check_layers.py
-	cargo test --release --workspace --all-features
+	cargo test --release --workspace --all-features --locked
 	.venv/bin/python -m pytest -q tests/python
 
 # The self-contained bundle in dist/plinth (binary, ONNX Runtime, libtorch).
@@ -31,8 +31,8 @@ bench: setup
 	.venv/bin/python bench/hot_swap.py
 	.venv/bin/python bench/residency.py
 	.venv/bin/python bench/plugin_cache.py
-	cargo run --release -p plinth-bench --bin batching
-	cargo run --release -p plinth-bench --bin plugins_native
+	cargo run --release --locked -p plinth-bench --bin batching
+	cargo run --release --locked -p plinth-bench --bin plugins_native
 
 # Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
 bench-peers: setup

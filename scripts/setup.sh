@@ -135,7 +135,7 @@ PY
 fi
 
 step "Plugins (plugins/, wasm32-wasip2)"
-(cd plugins && cargo build --release)  # plugins/.cargo/config.toml sets the target
+(cd plugins && cargo build --release --locked)  # plugins/.cargo/config.toml sets the target
 wasm=plugins/target/wasm32-wasip2/release
 # The Python plugin: the same contract from another language (componentize-py).
 .venv/bin/componentize-py -d wit/v0.2 -w plugin componentize -p plugins/python-doubler app \
@@ -149,7 +149,7 @@ for model in mobilenet_v2 mobilenet_v2_torchscript; do
 done
 
 step "Server (target/release/plinth, feature libtorch)"
-LIBTORCH=$root/.cache/libtorch cargo build --release -p plinth --features libtorch
+LIBTORCH=$root/.cache/libtorch cargo build --release --locked -p plinth --features libtorch
 
 echo
 echo "Set-up done. ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so"

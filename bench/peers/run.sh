@@ -25,7 +25,7 @@ venv() {  # venv NAME PACKAGES...: a venv under .cache/bench, made once
 }
 venv kserve kserve==0.21.0 onnxruntime==1.31.1
 venv mlserver mlserver==1.7.1 onnxruntime==1.31.1 uvloop==0.21.0  # uvloop 0.22+ breaks mlserver 1.7.1 start-up
-cargo build --release --quiet -p plinth -p plinth-bench
+cargo build --release --locked --quiet -p plinth -p plinth-bench
 
 work=$(mktemp -d)
 pids=()

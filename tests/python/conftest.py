@@ -1,22 +1,35 @@
 """Starts the real `target/release/plinth` binary (built by `make setup`) for
-the Python tests, on a free port, and stops it afterwards."""
+the Python tests, on a free port, and stops it afterwards.
+
+Tests wait for events (a log line, a metric, a state), never for a duration;
+HANG_GUARD_S only turns a hang into a failure."""
 
 import os
 import pathlib
 import re
 import subprocess
+import tempfile
 import threading
 import time
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 120
+HANG_GUARD_S = 120
+
+
+def wait_until(what, condition):
+    """Waits until `condition()` holds, checking every 20 ms."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
 
 
 class Plinth:
     """A running `plinth serve`; `url`, `grpc_url` and `metrics_url` are its
-    HTTP, gRPC and metrics addresses (host:port)."""
+    HTTP, gRPC and metrics addresses (host:port). Its compiled plugins are
+    cached in a temporary folder of its own."""
 
     def __init__(self, repository, *extra):
         """Serves `repository` (None: no --model-repository, for modelmesh mode)."""
@@ -26,9 +39,10 @@ class Plinth:
         repository_flags = ["--model-repository", str(repository)] if repository else []
         env = dict(os.environ)
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".venv/libonnxruntime.so"))
+        self.plugin_cache = tempfile.TemporaryDirectory(prefix="plinth-plugins-")
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
-             *repository_flags, *extra],
+             "--plugin-cache-dir", self.plugin_cache.name, *repository_flags, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         threading.Thread(target=self._read_log, daemon=True).start()
@@ -45,7 +59,7 @@ class Plinth:
             self.log.append(line)
 
     def _wait_for(self, pattern):
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:
             for line in list(self.log):
                 found = re.search(pattern, line)
@@ -56,9 +70,15 @@ class Plinth:
             time.sleep(0.05)
         raise TimeoutError(f"plinth did not log {pattern!r}:\n{''.join(self.log)}")
 
+    def wait_for_log(self, pattern):
+        """Waits for a log line matching `pattern`; returns its first group
+        (or the line)."""
+        return self._wait_for(pattern)
+
     def stop(self):
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG_GUARD_S)
+        self.plugin_cache.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, save
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, Plinth
+from conftest import HANG_GUARD_S, ROOT, Plinth, wait_until
 
 MIB = 1 << 20
 BUDGET = 2048 * MIB
@@ -61,6 +61,26 @@ def pulled(tmp_path_factory):
     return models
 
 
+def held_model(folder):
+    """A model folder whose load stays LOADING until `release(folder)`: the
+    ocr_cls network behind the test plugin that misbehaves on request, whose
+    init waits for the file `1/release`."""
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
+    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / "faulty.wasm")
+    (folder / "config.pbtxt").write_text(
+        'max_batch_size: 1\n'
+        'parameters { key: "plugin" value: { string_value: "faulty.wasm" } }\n'
+        'parameters { key: "faulty.init_wait" value: { string_value: "release" } }\n'
+        # Only a guard against a hang: the test releases it.
+        'parameters { key: "plugin.timeout_ms" value: { string_value: "600000" } }\n')
+    return folder
+
+
+def release(folder):
+    (folder / "1/release").write_bytes(b"")
+
+
 class Mesh:
     """What ModelMesh does to a runtime, over one channel."""
 
@@ -71,7 +91,7 @@ class Mesh:
         self.server = server
 
     def status(self):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_GUARD_S
         while True:
             status = self.stub.runtimeStatus(self.pb.RuntimeStatusRequest())
             if status.status == self.pb.RuntimeStatusResponse.READY or time.monotonic() > deadline:
@@ -88,12 +108,12 @@ class Mesh:
         return self.stub.loadModel(self.load_request(model_id, path), timeout=120).sizeInBytes
 
     def start_load(self, model_id, path):
-        """Starts loadModel and returns its call once the model shows as LOADING."""
+        """Starts loadModel of a `held_model` and returns its call once the
+        model shows as LOADING (where it stays until released)."""
         call = self.stub.loadModel.future(self.load_request(model_id, path))
-        deadline = time.monotonic() + 30
-        while not any(r["name"] == model_id and r.get("state") == "LOADING" for r in self.index()):
-            assert time.monotonic() < deadline and not call.done(), "the load never showed as LOADING"
-            time.sleep(0.005)
+        wait_until("the load shows as LOADING",
+                   lambda: any(r["name"] == model_id and r.get("state") == "LOADING" for r in self.index()))
+        assert not call.done(), call
         return call
 
     def unload(self, model_id):
@@ -163,7 +183,7 @@ def expect_not_found(server, model_id):
     assert model_id in failure.value.message()
 
 
-def test_modelmesh_conformance(mmesh, pulled):
+def test_modelmesh_conformance(mmesh, pulled, tmp_path):
     server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
     try:
         mesh = Mesh(server, mmesh)
@@ -222,14 +242,18 @@ def test_modelmesh_conformance(mmesh, pulled):
         assert failure.value.code() == grpc.StatusCode.NOT_FOUND
         assert "ocr-rec__isvc-0002" not in {row["name"] for row in mesh.index()}
 
-        # A load cancelled mid-way, then unloadModel: the model is absent, and stays so.
-        call = mesh.start_load("ocr-rec__isvc-0004", pulled["ocr-rec__isvc-0002"])
+        # A load cancelled mid-way, then unloadModel: unloadModel waits for
+        # the load, then undoes it; the model is absent, and stays so.
+        held = held_model(tmp_path / "held")
+        call = mesh.start_load("held__isvc-0004", held)
         assert call.cancel()
-        mesh.unload("ocr-rec__isvc-0004")
-        for _ in range(2):
-            assert "ocr-rec__isvc-0004" not in {row["name"] for row in mesh.index()}
-            expect_not_found(server, "ocr-rec__isvc-0004")
-            time.sleep(2)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            unloading = pool.submit(mesh.unload, "held__isvc-0004")
+            release(held)
+            unloading.result()
+        server.wait_for_log(r"load: ready.*held__isvc-0004")
+        assert "held__isvc-0004" not in {row["name"] for row in mesh.index()}
+        expect_not_found(server, "held__isvc-0004")
 
         # ModelMesh restarting asks runtimeStatus again: everything is purged.
         assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
@@ -290,7 +314,7 @@ def test_the_budget_refuses_loads_and_evicts_nothing(mmesh, pulled, tmp_path):
         server.stop()
 
 
-def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
+def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled, tmp_path):
     server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
     try:
         mesh = Mesh(server, mmesh)
@@ -314,10 +338,7 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
 
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             requests = [pool.submit(timed_infer) for _ in range(4)]
-            deadline = time.monotonic() + 30
-            while queued(server, "mobilenet__isvc-0003") < 2:
-                assert time.monotonic() < deadline, "the requests never queued"
-                time.sleep(0.005)
+            wait_until("two requests queue behind a running one", lambda: queued(server, "mobilenet__isvc-0003") >= 2)
             mesh.unload("mobilenet__isvc-0003")
             unloaded = time.monotonic()
         answered = [r.result() for r in requests if r.exception() is None]
@@ -327,9 +348,15 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled):
             assert finished <= unloaded, "unloadModel returned while requests still ran"
         expect_not_found(server, "mobilenet__isvc-0003")
 
-        # runtimeStatus while a load runs: the load is undone and says so.
-        call = mesh.start_load("ocr-rec__isvc-0002", pulled["ocr-rec__isvc-0002"])
-        assert mesh.status().status == mesh.pb.RuntimeStatusResponse.READY
+        # runtimeStatus while a load runs: it waits for the load, undoes it,
+        # and the load says so.
+        held = held_model(tmp_path / "held")
+        call = mesh.start_load("held__isvc-0002", held)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            status = pool.submit(mesh.status)
+            server.wait_for_log("runtimeStatus: unloading every model")
+            release(held)
+            assert status.result().status == mesh.pb.RuntimeStatusResponse.READY
         with pytest.raises(grpc.RpcError) as failure:
             call.result()
         assert failure.value.code() == grpc.StatusCode.ABORTED, failure.value

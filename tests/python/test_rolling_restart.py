@@ -13,10 +13,13 @@ import signal
 import threading
 import time
 
-from conftest import ROOT, Plinth
+from conftest import ROOT, Plinth, wait_until
 
 BODY = (ROOT / "tests/fixtures/cls_rotated.png").read_bytes()
 POLL_S = 0.02
+# Long enough for the balancer, polling every POLL_S, to see the process
+# unready before it refuses: a load balancer's own margin, not a test's wait.
+DRAIN_DELAY = "3"
 
 
 class Balancer:
@@ -53,7 +56,7 @@ class Balancer:
 def test_a_rolling_restart_loses_no_request(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "model_repository/ocr_cls", repo / "ocr_cls")
-    old = Plinth(repo, "--drain-delay-secs", "1")
+    old = Plinth(repo, "--drain-delay-secs", DRAIN_DELAY)
     balancer = Balancer()
     balancer.watch(old.url)
     results, sent_to = [], []
@@ -77,18 +80,20 @@ def test_a_rolling_restart_loses_no_request(tmp_path):
                 results.append((url, None, str(e).encode()))
             sent_to.append(url)
 
+    def answers_from(url):
+        return sum(1 for u, status, _ in list(results) if u == url and status == 200)
+
     clients = [threading.Thread(target=client) for _ in range(4)]
     for c in clients:
         c.start()
-    time.sleep(1)
-    new = Plinth(repo, "--drain-delay-secs", "1")  # loads while the old one serves
+    wait_until("the old process serves", lambda: answers_from(old.url) >= 10)
+    new = Plinth(repo, "--drain-delay-secs", DRAIN_DELAY)  # loads while the old one serves
     balancer.watch(new.url)
-    while not balancer.ready.get(new.url):
-        time.sleep(POLL_S)
-    time.sleep(0.5)
+    wait_until("the new process serves", lambda: answers_from(new.url) >= 10)
     old.proc.send_signal(signal.SIGTERM)
-    assert old.proc.wait(timeout=30) == 0, "".join(old.log)
-    time.sleep(1)
+    assert old.proc.wait(timeout=60) == 0, "".join(old.log)
+    after = answers_from(new.url)
+    wait_until("the new process serves on alone", lambda: answers_from(new.url) >= after + 10)
     balancer.stop.set()
     for c in clients:
         c.join()

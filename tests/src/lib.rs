@@ -1,15 +1,31 @@
 //! Test harness: starts the real release binary (`target/release/plinth`,
 //! built by `make setup`) on a model repository and talks HTTP to it, as a
 //! user would.
+//!
+//! Tests wait for events (a log line, a metric, a state), never for a
+//! duration: every wait here ends when its event comes, and [`HANG_GUARD`]
+//! only turns a hang into a failure.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a server may take to load its models.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest any wait for an event may take before the test fails: far
+/// above what the event takes on a loaded two-core machine.
+pub const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// Waits until `f` holds, checking every 20 ms; fails after [`HANG_GUARD`]
+/// naming `what`.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -77,12 +93,15 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// A running `plinth serve`; killed when dropped.
+/// A running `plinth serve`; killed when dropped. Its compiled plugins are
+/// cached in a folder of its own, removed with it.
 pub struct Server {
-    child: Child,
+    child: Mutex<Child>,
+    pid: u32,
     base: String,
     metrics_base: String,
     log: Arc<Mutex<String>>,
+    _plugin_cache: tempfile::TempDir,
 }
 
 impl Server {
@@ -103,6 +122,7 @@ impl Server {
     /// Starts `command` (a `plinth` binary with its environment) as
     /// [`Server::start_on`] does.
     pub fn spawn(mut command: Command, http_port: u16, repository: &Path, extra: &[&str]) -> Server {
+        let plugin_cache = tempfile::tempdir().expect("a folder for compiled plugins");
         let mut child = command
             .args([
                 "serve",
@@ -117,6 +137,8 @@ impl Server {
             ])
             .arg("--model-repository")
             .arg(repository)
+            .arg("--plugin-cache-dir")
+            .arg(plugin_cache.path())
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -132,7 +154,15 @@ impl Server {
                 log.push('\n');
             }
         });
-        let mut server = Server { child, base: String::new(), metrics_base: String::new(), log };
+        let pid = child.id();
+        let mut server = Server {
+            child: Mutex::new(child),
+            pid,
+            base: String::new(),
+            metrics_base: String::new(),
+            log,
+            _plugin_cache: plugin_cache,
+        };
         let addr = server.wait_for_log("metrics listening on ");
         server.metrics_base = format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
         let addr = server.wait_for_log("HTTP server listening on ");
@@ -146,18 +176,23 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
-    /// Waits for a log line containing `marker`; returns the rest of it.
-    fn wait_for_log(&mut self, marker: &str) -> String {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(rest) = self.log().lines().find_map(|l| l.split_once(marker).map(|(_, r)| r.to_owned())) {
-                return rest;
+    /// Waits for a log line containing `marker` (the first, if several);
+    /// returns the rest of it.
+    pub fn wait_for_log(&self, marker: &str) -> String {
+        self.wait_for_log_count(marker, 1);
+        let log = self.log();
+        log.lines().find_map(|l| l.split_once(marker).map(|(_, r)| r.to_owned())).unwrap_or_default()
+    }
+
+    /// Waits until `n` log lines contain `marker`.
+    pub fn wait_for_log_count(&self, marker: &str, n: usize) {
+        let deadline = Instant::now() + HANG_GUARD;
+        while self.log_count(marker) < n {
+            if let Ok(Some(status)) = self.child.lock().unwrap().try_wait() {
+                panic!("plinth exited with {status} before logging '{marker}' {n} times:\n{}", self.log());
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("plinth exited with {status} before logging '{marker}':\n{}", self.log());
-            }
-            assert!(Instant::now() < deadline, "plinth did not log '{marker}' in time:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
+            assert!(Instant::now() < deadline, "plinth did not log '{marker}' {n} times in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -173,7 +208,7 @@ impl Server {
 
     /// The server's process id, for signals.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// The full URL of `path` on this server.
@@ -192,7 +227,7 @@ impl Server {
 
     /// The process's resident memory in bytes (`VmRSS` in /proc/PID/status).
     pub fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
         let kb: u64 = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -215,20 +250,34 @@ impl Server {
     pub fn post_bytes(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
         reply(client().post(self.url(path)).header("content-type", content_type).body(body).send())
     }
+
+    /// Sends a JSON POST to `path` on a connection of its own and returns
+    /// the connection unread: dropping it is a client that went away.
+    pub fn open_request(&self, path: &str, body: &serde_json::Value) -> TcpStream {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(self.base.trim_start_matches("http://")).expect("connect to plinth");
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nhost: plinth\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send the request");
+        stream
+    }
 }
 
 impl Server {
     /// Sends SIGTERM, as an orchestrator stopping the pod would.
     pub fn terminate(&self) {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let status = Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().unwrap();
         assert!(status.success());
     }
 
     /// Waits for the process to exit and returns its status.
-    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + timeout;
+    pub fn wait_exit(&self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + HANG_GUARD;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.child.lock().unwrap().try_wait().unwrap() {
                 return status;
             }
             assert!(Instant::now() < deadline, "plinth did not exit in time:\n{}", self.log());
@@ -244,8 +293,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

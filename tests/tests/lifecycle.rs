@@ -4,10 +4,10 @@
 
 use std::io::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
 
-use plinth_tests::{Server, add_faulty_model, copy_dir, copy_example_model, example_repository, fixture};
+use plinth_tests::{Server, add_faulty_model, copy_dir, copy_example_model, example_repository, fixture, wait_until};
 use serde_json::{Value, json};
 
 /// An unversioned `/infer` on ocr_cls with a zero image: `(status, version
@@ -28,12 +28,18 @@ fn index_row(server: &Server, model: &str, version: &str) -> Option<Value> {
     index.as_array().unwrap().iter().find(|r| r["name"] == model && same_version(r)).cloned()
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Adds `faulty` with a plugin time limit that only guards against a hang:
+/// its `wait:NAME` requests stay in flight until the test creates NAME.
+fn add_holding_model(repo: &std::path::Path) {
+    add_faulty_model(repo);
+    let config = repo.join("faulty/config.pbtxt");
+    let limit = r#"parameters { key: "plugin.timeout_ms" value: { string_value: "600000" } }"#;
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + limit).unwrap();
+}
+
+/// Lets the faulty model's `wait:release` requests finish.
+fn release(repo: &std::path::Path) {
+    std::fs::write(repo.join("faulty/1/release"), b"").unwrap();
 }
 
 #[test]
@@ -57,9 +63,9 @@ fn poll_mode_swaps_versions_under_load_without_a_failed_request() {
                 answers.lock().unwrap().push((sent, Instant::now(), status, version));
             }
         });
-        std::thread::sleep(Duration::from_millis(300));
+        wait_until("version 1 answered under load", || answers.lock().unwrap().iter().any(|a| a.3 == "1"));
         copy_dir(&repo.path().join("ocr_cls/1"), &repo.path().join("ocr_cls/2"));
-        wait_until("version 2 is ready", Duration::from_secs(30), || {
+        wait_until("version 2 is ready", || {
             let sent = Instant::now();
             let ready = server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200;
             if !ready {
@@ -67,8 +73,9 @@ fn poll_mode_swaps_versions_under_load_without_a_failed_request() {
             }
             ready
         });
-        wait_until("version 1 is unloaded", Duration::from_secs(30), || index_row(&server, "ocr_cls", "1").is_none());
-        std::thread::sleep(Duration::from_millis(300));
+        wait_until("version 1 is unloaded", || index_row(&server, "ocr_cls", "1").is_none());
+        let answered = answers.lock().unwrap().len();
+        wait_until("more answers after the swap", || answers.lock().unwrap().len() > answered + 10);
         stop.store(true, Ordering::Relaxed);
     });
 
@@ -155,46 +162,40 @@ fn load_and_unload_are_refused_outside_explicit_mode() {
 }
 
 #[test]
-fn a_slowly_copied_version_is_never_served_half_written() {
+fn a_half_copied_version_is_never_served_and_the_complete_one_is() {
     let repo = tempfile::tempdir().unwrap();
     copy_example_model("ocr_cls", repo.path());
-    let poll = Duration::from_secs(1);
     let server = Server::start(repo.path(), &["--model-control-mode", "poll", "--repository-poll-secs", "1"]);
     let model = std::fs::read(repo.path().join("ocr_cls/1/model.onnx")).unwrap();
     std::fs::create_dir_all(repo.path().join("ocr_cls/2")).unwrap();
     let mut file = std::fs::File::create(repo.path().join("ocr_cls/2/model.onnx")).unwrap();
-    let chunks: Vec<&[u8]> = model.chunks(model.len() / 4 + 1).collect();
-    let (last, first) = chunks.split_last().unwrap();
-    for chunk in first {
-        file.write_all(chunk).unwrap();
-        file.flush().unwrap();
-        let pause = Instant::now();
-        while pause.elapsed() < poll + Duration::from_millis(500) {
-            assert_ne!(server.get("/v2/models/ocr_cls/versions/2/ready").0, 200, "a half-written version 2 is READY");
-            let (status, answer) =
-                server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
-            assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "{answer}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    file.write_all(last).unwrap();
+    let (first, rest) = model.split_at(model.len() / 4);
+    file.write_all(first).unwrap();
+    file.flush().unwrap();
+    // Its files stayed the same for a whole poll interval, so the poll tried
+    // the quarter-written version, which must fail and leave version 1.
+    server.wait_for_log("load: failed");
+    let row = index_row(&server, "ocr_cls", "2").unwrap();
+    assert_eq!(row["state"], "UNAVAILABLE", "{row}");
+    let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
+    assert_eq!((status, answer["angle"].as_i64()), (200, Some(0)), "version 1 keeps serving: {answer}");
+
+    file.write_all(rest).unwrap();
     drop(file);
-    let complete = Instant::now();
-    wait_until("version 2 is ready", Duration::from_secs(30), || {
-        server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200
-    });
-    let took = complete.elapsed();
-    assert!(took < 2 * poll + Duration::from_millis(1500), "READY {took:?} after the copy finished");
+    wait_until("the complete version 2 is ready", || server.get("/v2/models/ocr_cls/versions/2/ready").0 == 200);
+    let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png"));
+    assert_eq!((status, answer["angle"].as_i64()), (200, Some(180)), "{answer}");
 }
 
 #[test]
 fn unload_lets_accepted_requests_finish_and_refuses_later_ones() {
     let repo = tempfile::tempdir().unwrap();
-    add_faulty_model(repo.path());
-    let server = Server::start(repo.path(), &["--model-control-mode", "explicit", "--load-model", "*"]);
+    add_holding_model(repo.path());
+    let flags = ["--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "1"];
+    let server = Server::start(repo.path(), &flags);
     std::thread::scope(|s| {
-        let slow = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec()));
-        std::thread::sleep(Duration::from_millis(150));
+        let held = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"wait:release".to_vec()));
+        server.wait_for_log("predict: accepted");
         let (status, body) = server.post_json("/v2/repository/models/faulty/unload", &json!({}));
         assert_eq!(status, 200, "{body}");
         let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
@@ -202,64 +203,68 @@ fn unload_lets_accepted_requests_finish_and_refuses_later_ones() {
         assert!(body["error"].as_str().unwrap().contains("unloaded"), "{body}");
         let row = index_row(&server, "faulty", "1").expect("the unloaded version drains");
         assert_eq!(row["state"], "UNLOADING");
-        let (status, answer) = slow.join().unwrap();
+        release(repo.path());
+        let (status, answer) = held.join().unwrap();
         assert_eq!(status, 200, "the request accepted before the unload completes: {answer}");
         assert_eq!(answer["outputs"][0]["shape"], json!([1, 2]));
     });
-    wait_until("the drained version is gone", Duration::from_secs(10), || index_row(&server, "faulty", "1").is_none());
+    wait_until("the drained version is gone", || index_row(&server, "faulty", "1").is_none());
     let row = index_row(&server, "faulty", "").unwrap();
     assert_eq!((row["state"].as_str(), row["reason"].as_str()), (Some("UNAVAILABLE"), Some("unloaded")));
 }
 
 /// Reads the hello line until the server stops answering; every answer must
-/// be the right text or a 503 "shutting down"; returns how many were right.
-fn read_until_refused(base: &str) -> usize {
+/// be the right text or a 503 "shutting down". Counts the right ones in
+/// `answered`.
+fn read_until_refused(base: &str, answered: &AtomicUsize) {
     let client = reqwest::blocking::Client::new();
-    let mut correct = 0;
     loop {
         let sent = client
             .post(format!("{base}/v2/models/ocr_rec/predict"))
             .header("content-type", "image/png")
             .body(fixture("line_hello.png"))
             .send();
-        let Ok(response) = sent else { return correct };
+        let Ok(response) = sent else { return };
         let status = response.status().as_u16();
         let body: Value = response.json().unwrap();
         match status {
             200 => assert_eq!(body["text"], "Hello World"),
             503 => {
                 assert!(body["error"].as_str().unwrap().contains("shutting down"), "{body}");
-                return correct;
+                return;
             }
             _ => panic!("status {status}: {body}"),
         }
-        correct += 1;
+        answered.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 #[test]
 fn sigterm_finishes_accepted_requests_and_exits_cleanly() {
     let repo = tempfile::tempdir().unwrap();
-    add_faulty_model(repo.path());
+    add_holding_model(repo.path());
     copy_example_model("ocr_rec", repo.path());
-    let mut server = Server::start(repo.path(), &[]);
+    let server = Server::start(repo.path(), &["--log-verbose", "1"]);
     let base = server.url("");
+    let answered = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        let readers: Vec<_> = (0..3).map(|_| s.spawn(|| read_until_refused(&base))).collect();
-        let slow = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"slow".to_vec()));
-        std::thread::sleep(Duration::from_millis(150));
+        let readers: Vec<_> = (0..3).map(|_| s.spawn(|| read_until_refused(&base, &answered))).collect();
+        let held = s.spawn(|| server.post_bytes("/v2/models/faulty/predict", "text/plain", b"wait:release".to_vec()));
+        server.wait_for_log("predict: accepted model=faulty");
+        wait_until("traffic flows", || answered.load(Ordering::Relaxed) >= 3);
         server.terminate();
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(server.get("/v2/health/ready").0, 503, "not ready 100 ms after SIGTERM");
+        server.wait_for_log("shutting down: refusing new inference");
+        assert_eq!(server.get("/v2/health/ready").0, 503, "not ready once shutdown began");
         let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_hello.png"));
         assert_eq!(status, 503, "new inference is refused while draining: {body}");
-        let (status, answer) = slow.join().unwrap();
+        release(repo.path());
+        let (status, answer) = held.join().unwrap();
         assert_eq!(status, 200, "the accepted request completes: {answer}");
         for reader in readers {
-            assert!(reader.join().unwrap() > 0, "traffic flowed before the signal");
+            reader.join().unwrap();
         }
     });
-    let exit = server.wait_exit(Duration::from_secs(10));
+    let exit = server.wait_exit();
     assert!(exit.success(), "exit status {exit}");
     assert!(server.log().contains("stopped"));
 }
@@ -272,7 +277,7 @@ fn polling_reports_a_broken_config_and_picks_up_the_fix() {
     let config = repo.path().join("ocr_cls/config.pbtxt");
     let good = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, good.replace("max_batch_size: 8", "max_batch_size: 8\nwarmup_count: 3")).unwrap();
-    wait_until("the parse error is in the index", Duration::from_secs(10), || {
+    wait_until("the parse error is in the index", || {
         index_row(&server, "ocr_cls", "").is_some_and(|r| r["reason"].as_str().unwrap().contains("warmup_count"))
     });
     let (status, answer) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_upright.png"));
@@ -285,9 +290,7 @@ model_warmup [ { name: "zeros" batch_size: 2 count: 3
   inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 3, 48, 192 ] zero_data: true } } } ]"#,
     );
     std::fs::write(&config, warm).unwrap();
-    wait_until("the fixed configuration is loaded and warmed up", Duration::from_secs(10), || {
-        server.log_count("load: ready") == 2
-    });
+    wait_until("the fixed configuration is loaded and warmed up", || server.log_count("load: ready") == 2);
     assert!(server.log().lines().any(|l| l.contains("load: warm-up done") && l.contains("runs=3")), "{}", server.log());
     assert!(index_row(&server, "ocr_cls", "").is_none(), "the error is gone");
     assert_eq!(index_row(&server, "ocr_cls", "1").unwrap()["state"], "READY");

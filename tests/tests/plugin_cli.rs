@@ -34,11 +34,15 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
     let parent = work.path().to_str().unwrap();
     let (ok, text) = plinth(&["plugin", "new", "doubler-io", "--path", parent]);
     assert!(ok, "{text}");
-    // The plugins' target folder already holds the SDK's dependencies.
+    // The plugins' lockfile pins what it builds (cargo keeps its versions
+    // and only adds the new crate), and their target folder already holds
+    // the SDK's dependencies: nothing is resolved anew or downloaded.
     let target = root().join("plugins/target");
+    let crate_dir = work.path().join("doubler-io");
+    std::fs::copy(root().join("plugins/Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
     let status = Command::new("cargo")
-        .args(["build", "--release", "--quiet"])
-        .current_dir(work.path().join("doubler-io"))
+        .args(["build", "--release", "--quiet", "--offline"])
+        .current_dir(&crate_dir)
         .env("CARGO_TARGET_DIR", &target)
         .status()
         .unwrap();

@@ -1,14 +1,21 @@
 //! A plugin that misbehaves on request, so tests can check that the host
 //! contains it. The request body selects the behaviour: `trap` panics,
-//! `loop` never returns, `alloc` asks for 1 GiB, `slow` answers like `ok`
-//! after 400 ms, `bad` returns a bad-input error, `sandbox` reports what the
-//! plugin can reach (as the message of a bad-input error, JSON); anything
+//! `loop` never returns, `alloc` asks for 1 GiB, `sleep:MS` answers like
+//! `ok` after MS milliseconds, `wait:NAME` answers like `ok` once the file
+//! NAME exists in its model version folder (so a test holds a request in
+//! flight until it creates the file, instead of guessing a duration), `bad`
+//! returns a bad-input error, `sandbox` reports what the plugin can reach
+//! (as the message of a bad-input error, JSON); anything
 //! else yields a zero-filled input tensor (variable dimensions set to 1) and
 //! the default JSON postprocess, except for the composition behaviours of
 //! `postprocess`: `call:MODEL/REST` answers with MODEL's answer to a
 //! `/predict` whose body is REST (so `call:a/call:b/ok` nests), and
 //! `self-infer` runs its own model once more through the host and answers
 //! with those outputs.
+//!
+//! With the parameter `faulty.init_wait: "NAME"`, `init` returns only once
+//! the file NAME exists in the model version folder, so a test holds a
+//! load in LOADING until it creates the file.
 
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
@@ -18,6 +25,9 @@ struct Faulty {
 
 impl Plugin for Faulty {
     fn init(info: &ModelInfo) -> Result<Self, Error> {
+        if let Some(name) = info.parameter("faulty.init_wait") {
+            wait_for_file(name);
+        }
         Ok(Faulty { info: info.clone() })
     }
 
@@ -33,12 +43,17 @@ impl Plugin for Faulty {
                 Err(Error::internal("allocated 1 GiB, which the host should have refused"))
             }
             b"bad" => Err(Error::bad_input("deliberate bad input")),
-            b"slow" => {
-                std::thread::sleep(std::time::Duration::from_millis(400));
+            b"sandbox" => Err(Error::bad_input(sandbox_report().to_string())),
+            body => {
+                let body = String::from_utf8_lossy(body);
+                if let Some(ms) = body.strip_prefix("sleep:") {
+                    let ms = ms.parse().map_err(|_| Error::bad_input(format!("sleep:MS needs a number, got {ms}")))?;
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                } else if let Some(name) = body.strip_prefix("wait:") {
+                    wait_for_file(name);
+                }
                 Ok(vec![self.zero_input()?])
             }
-            b"sandbox" => Err(Error::bad_input(sandbox_report().to_string())),
-            _ => Ok(vec![self.zero_input()?]),
         }
     }
 
@@ -67,6 +82,14 @@ impl Faulty {
         }
         let count = shape.iter().product::<i64>() as usize;
         Ok(Tensor::from_slice(&input.name, &shape, &vec![0.0f32; count]))
+    }
+}
+
+/// Returns once `/model/NAME` exists (the test creates it).
+fn wait_for_file(name: &str) {
+    let file = format!("/model/{name}");
+    while std::fs::metadata(&file).is_err() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

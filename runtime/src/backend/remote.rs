@@ -316,6 +316,7 @@ impl Drop for Remote {
         // Dropped on the request path's threads too: unload in the
         // background rather than block one for up to the timeout.
         let url = format!("{}/v2/repository/models/{}/unload", self.config.url, self.config.model);
+        tracing::info!(%url, "unloading the remote model: no loaded model uses it any more");
         let agent = self.agent.clone();
         std::thread::spawn(move || {
             if let Err(e) = agent.post(&url).send(&b""[..]) {

@@ -484,6 +484,26 @@ mod tests {
         assert!(text.contains(r#"nv_inference_request_failure{model="m",reason="CANCELED",version="1"} 1"#), "{text}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn higher_priority_requests_run_first() {
+        let f = fixture("dynamic_batching { priority_levels: 2 default_priority_level: 2 }");
+        let first = f.submit(&[1.0]);
+        f.gate.wait_for_waiters(1);
+        // Six and four rows cannot share a batch of eight.
+        let low = f.submit(&[2.0; 4]);
+        f.wait_for_queued(1);
+        let scheduler = f.scheduler.clone();
+        let high = tokio::spawn(async move {
+            scheduler.submit(Doubler::input(&[3.0; 6]), RequestOptions { priority: Some(1), timeout_us: None }).await
+        });
+        f.wait_for_queued(2);
+        f.gate.open();
+        first.await.unwrap().unwrap();
+        high.await.unwrap().unwrap();
+        low.await.unwrap().unwrap();
+        assert_eq!(f.executions(), [1, 6, 4], "the later, higher-priority request ran before the earlier one");
+    }
+
     async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<Result<T, Error>>>) -> Vec<T> {
         let mut out = Vec::new();
         for handle in handles {

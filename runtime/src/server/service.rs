@@ -217,6 +217,7 @@ impl Service {
         model: &Model,
         decode: impl FnOnce(&Model) -> Result<(InferCall, T), Error>,
     ) -> Result<Inferred<T>, Error> {
+        tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
         let (call, request) = decode(model).map_err(|e| model.refused(e))?;
         let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options).await?;
         Ok(Inferred { outputs, timing, request })
@@ -229,6 +230,7 @@ impl Service {
     /// # Errors
     /// As [`Model::predict`].
     pub async fn predict(&self, model: &Model, request: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
+        tracing::debug!(model = %model.name, version = model.version, "predict: accepted");
         model.predict(request, self.lifecycle.clone()).await
     }
 }
