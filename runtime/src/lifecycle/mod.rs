@@ -10,20 +10,22 @@
 //! - an unchanged version is never reloaded.
 //!
 //! What every mode shares (records, loading, unloading, residency) is the
-//! [`core`]; each mode's own behaviour and state is in its own file:
-//! [`poll`] (act on folders whose files stopped changing), [`explicit`]
-//! (the repository API decides), [`on_demand`] (a request loads its model,
-//! evicting the least recently used), [`modelmesh`] (ModelMesh's calls
-//! decide). [`Loader`] is the seam to the runtimes that load a version.
+//! `core`, and `startup` loads all or the named models at start. Each
+//! mode with behaviour or state of its own has its own file: `poll` (act
+//! on folders whose files stopped changing), `on_demand` (a request loads
+//! its model, evicting the least recently used), `modelmesh` (ModelMesh's
+//! calls decide); in `explicit` the repository API decides, which
+//! [`Lifecycle::load`] and [`Lifecycle::unload`] allow in it and `on_demand`
+//! only. [`Loader`] is the seam to the runtimes that load a version.
 
 mod check;
 mod core;
-mod explicit;
 mod loader;
 mod modelmesh;
 mod on_demand;
 mod poll;
 mod runner;
+mod startup;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
@@ -170,9 +172,9 @@ impl Lifecycle {
     pub async fn start(&self, load_models: &[String]) -> Result<(), String> {
         let core = &self.core;
         match &self.mode {
-            Mode::None => explicit::load_all(core).await.map(drop),
+            Mode::None => startup::load_all(core).await.map(drop),
             Mode::Poll(poll) => poll.start(core).await,
-            Mode::Explicit => explicit::start(core, load_models, "not loaded", |_| ()).await,
+            Mode::Explicit => startup::start(core, load_models, "not loaded", |_| ()).await,
             Mode::OnDemand => on_demand::start(core, load_models).await,
             Mode::ModelMesh(_) => Ok(()),
         }

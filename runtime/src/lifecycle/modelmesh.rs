@@ -178,9 +178,9 @@ fn model_file(path: &Path, model_type: &str) -> Result<Source, LoadError> {
 
 /// A conservative size in bytes for a model not loaded yet
 /// (`predictModelSize`): `disk_bytes` (the puller's `disk_size_bytes`), or
-/// else the size of the model's files at `path`, times [`SIZE_FACTOR`], plus
-/// [`SIZE_OVERHEAD`]; [`DEFAULT_MODEL_SIZE`] when neither is known (ModelMesh
-/// may ask before the files are pulled). Reads no more than file sizes.
+/// else the size of the model's files at `path`, times 2, plus 32 MiB;
+/// [`DEFAULT_MODEL_SIZE`] when neither is known (ModelMesh may ask before
+/// the files are pulled). Reads no more than file sizes.
 pub fn predict_size(path: &Path, model_type: &str, disk_bytes: Option<u64>) -> u64 {
     let files = disk_bytes.filter(|&b| b > 0).or_else(|| Source::of(path, model_type).ok().map(|s| s.bytes()));
     files.map_or(DEFAULT_MODEL_SIZE, |f| f.saturating_mul(SIZE_FACTOR).saturating_add(SIZE_OVERHEAD))
@@ -229,7 +229,7 @@ impl Mesh<'_> {
     }
 
     /// Unloads model `id` and forgets it. Returns once requests still
-    /// running on it have finished (at most [`DRAIN_TIMEOUT`]) and its
+    /// running on it have finished (at most a minute) and its
     /// memory is given back; until then the budget still counts it. Waits
     /// for a load of `id` in progress. An unknown id is not an error.
     pub async fn unload(&self, id: &str) {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::core::{Core, LoadOptions, ModelRecord};
-use super::explicit;
+use super::startup;
 use crate::error::Error;
 use crate::model::Model;
 use crate::repository::{ModelDir, ModelFiles};
@@ -24,7 +24,7 @@ const ATTEMPTS: usize = 3;
 pub(super) async fn start(core: &Core, load_models: &[String]) -> Result<(), String> {
     let not_resident = "not resident; the first request for it loads it";
     // Pinned before they load, so that loading one never evicts another.
-    explicit::start(core, load_models, not_resident, |names| names.iter().for_each(|n| core.residency.pin(n))).await
+    startup::start(core, load_models, not_resident, |names| names.iter().for_each(|n| core.residency.pin(n))).await
 }
 
 /// The model a request for `name` (and `version`) reaches, loaded first if

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::core::Core;
-use super::explicit;
+use super::startup;
 use crate::repository::ModelFiles;
 
 /// Each model folder as the previous look saw it.
@@ -23,7 +23,7 @@ impl Poll {
     /// # Errors
     /// A message when a repository cannot be read.
     pub(super) async fn start(&self, core: &Core) -> Result<(), String> {
-        let dirs = explicit::load_all(core).await?;
+        let dirs = startup::load_all(core).await?;
         let mut observed = self.observed.lock().expect("observed lock");
         for dir in &dirs {
             observed.insert(dir.name.clone(), ModelFiles::observe(dir));

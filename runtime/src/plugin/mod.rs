@@ -435,11 +435,11 @@ impl Plugin {
     }
 
     /// Runs `f` on a blocking thread, so a plugin never stalls the async
-    /// executor, and counts the call in the plugin metrics. Requests'
-    /// outermost plugin calls run at most `concurrency` at a time; a nested
-    /// call (made by another plugin through composition, whose caller holds
-    /// a permit and waits) takes none, so compositions cannot deadlock on
-    /// permits.
+    /// executor, and counts the call (its wait for a permit included) in the
+    /// plugin metrics. Requests' outermost plugin calls run at most
+    /// `concurrency` at a time; a nested call (made by another plugin
+    /// through composition, whose caller holds a permit and waits) takes
+    /// none, so compositions cannot deadlock on permits.
     async fn call_blocking<T: Send + 'static>(
         self: &Arc<Self>,
         stage: PluginStage,
@@ -447,27 +447,22 @@ impl Plugin {
         f: impl FnOnce(&Plugin, CallContext) -> Result<T, PluginError> + Send + 'static,
     ) -> Result<T, PluginError> {
         let started = Instant::now();
-        let result = self.call_blocking_unmetered(context, f).await;
+        let result = async {
+            let closed = |_| self.failed("the plugin host is shutting down");
+            let _slot = match &self.slots {
+                Some(slots) => Some(slots.acquire().await.map_err(closed)?),
+                None => None,
+            };
+            let nested = context.chain.len() > 1;
+            let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || f(&this, context))
+                .await
+                .map_err(|e| self.failed(&format!("its call panicked in the host: {e}")))?
+        }
+        .await;
         self.metrics.called(stage, started.elapsed(), !matches!(result, Err(PluginError::Failed(_))));
         result
-    }
-
-    async fn call_blocking_unmetered<T: Send + 'static>(
-        self: &Arc<Self>,
-        context: CallContext,
-        f: impl FnOnce(&Plugin, CallContext) -> Result<T, PluginError> + Send + 'static,
-    ) -> Result<T, PluginError> {
-        let closed = |_| self.failed("the plugin host is shutting down");
-        let _slot = match &self.slots {
-            Some(slots) => Some(slots.acquire().await.map_err(closed)?),
-            None => None,
-        };
-        let nested = context.chain.len() > 1;
-        let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || f(&this, context))
-            .await
-            .map_err(|e| self.failed(&format!("its call panicked in the host: {e}")))?
     }
 
     /// Calls one export on a warm instance with `context` for its composed
