@@ -287,20 +287,24 @@ impl<M> Registry<M> {
     ///
     /// # Errors
     /// [`Error::NotFound`] for an unknown model or version;
-    /// [`Error::Unavailable`] with the reason when it is not READY.
+    /// [`Error::Unavailable`] with the reason when it is not READY. The
+    /// messages begin as Triton's do (`Request for unknown model: 'm' is not
+    /// found`, `... version 2 is not found`, `... version 2 is not at ready
+    /// state`, `... has no available versions`), which clients match, and
+    /// give Plinth's reason after.
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<M>, Error> {
         let models = self.models.read().expect("registry lock");
-        let entry = models.get(name).ok_or_else(|| Error::NotFound(format!("unknown model '{name}'")))?;
+        let entry = models.get(name).ok_or_else(|| Error::NotFound(unknown_model(name, None)))?;
         match version {
             Some(v) => match entry.versions.get(&v).map(|s| (&s.state, &s.reason)) {
                 Some((VersionState::Ready(m), _)) => Ok(m.clone()),
-                Some((VersionState::Loading, _)) => {
-                    Err(Error::Unavailable(format!("model '{name}' version {v} is LOADING")))
-                }
-                Some((VersionState::Unavailable, reason)) => {
-                    Err(Error::Unavailable(format!("model '{name}' version {v} is UNAVAILABLE: {reason}")))
-                }
-                None => Err(Error::NotFound(format!("model '{name}' has no version {v}"))),
+                Some((VersionState::Loading, _)) => Err(Error::Unavailable(format!(
+                    "{UNKNOWN_MODEL}: '{name}' version {v} is not at ready state: it is LOADING"
+                ))),
+                Some((VersionState::Unavailable, reason)) => Err(Error::Unavailable(format!(
+                    "{UNKNOWN_MODEL}: '{name}' version {v} is not at ready state: it is UNAVAILABLE: {reason}"
+                ))),
+                None => Err(Error::NotFound(unknown_model(name, Some(v)))),
             },
             None => entry
                 .ready()
@@ -365,9 +369,22 @@ impl<M> Registry<M> {
     }
 }
 
+/// How Triton begins the message for a model or version that cannot serve a
+/// request (its `ModelRepositoryManager::GetModel`); clients match on it.
+pub const UNKNOWN_MODEL: &str = "Request for unknown model";
+
+/// Triton's message for a model (or one of its versions) that does not exist.
+pub fn unknown_model(name: &str, version: Option<u64>) -> String {
+    match version {
+        Some(v) => format!("{UNKNOWN_MODEL}: '{name}' version {v} is not found"),
+        None => format!("{UNKNOWN_MODEL}: '{name}' is not found"),
+    }
+}
+
 fn unavailable_reason<M>(name: &str, entry: &ModelEntry<M>) -> String {
+    let none = format!("{UNKNOWN_MODEL}: '{name}' has no available versions");
     if let Some(reason) = &entry.error {
-        return format!("model '{name}' is UNAVAILABLE: {reason}");
+        return format!("{none}: it is UNAVAILABLE: {reason}");
     }
     let reasons: Vec<String> = entry
         .versions
@@ -377,11 +394,7 @@ fn unavailable_reason<M>(name: &str, entry: &ModelEntry<M>) -> String {
             _ => format!("version {v}: {}", s.reason),
         })
         .collect();
-    if reasons.is_empty() {
-        format!("model '{name}' has no version to serve")
-    } else {
-        format!("model '{name}' is UNAVAILABLE: {}", reasons.join("; "))
-    }
+    if reasons.is_empty() { none } else { format!("{none}: {}", reasons.join("; ")) }
 }
 
 #[cfg(test)]
@@ -406,9 +419,12 @@ mod tests {
         r.set_loading("m", 3);
         assert_eq!(*r.resolve("m", None).unwrap(), "two");
         assert_eq!(*r.resolve("m", Some(1)).unwrap(), "one");
-        assert_eq!(r.resolve("m", Some(3)).err(), Some(Error::Unavailable("model 'm' version 3 is LOADING".into())));
-        assert_eq!(r.resolve("m", Some(4)).err(), Some(Error::NotFound("model 'm' has no version 4".into())));
-        assert_eq!(r.resolve("x", None).err(), Some(Error::NotFound("unknown model 'x'".into())));
+        let loading = "Request for unknown model: 'm' version 3 is not at ready state: it is LOADING";
+        assert_eq!(r.resolve("m", Some(3)).err(), Some(Error::Unavailable(loading.into())));
+        let missing = "Request for unknown model: 'm' version 4 is not found";
+        assert_eq!(r.resolve("m", Some(4)).err(), Some(Error::NotFound(missing.into())));
+        let unknown = "Request for unknown model: 'x' is not found";
+        assert_eq!(r.resolve("x", None).err(), Some(Error::NotFound(unknown.into())));
         assert_eq!(r.ready_versions("m"), [1, 2]);
     }
 
@@ -424,7 +440,10 @@ mod tests {
         r.set_failed("m", 2, "no such file");
         assert_eq!(
             r.resolve("m", Some(2)).err(),
-            Some(Error::Unavailable("model 'm' version 2 is UNAVAILABLE: no such file".into()))
+            Some(Error::Unavailable(
+                "Request for unknown model: 'm' version 2 is not at ready state: it is UNAVAILABLE: no such file"
+                    .into()
+            ))
         );
     }
 
@@ -459,7 +478,8 @@ mod tests {
         assert!(r.all_ready());
         let taken = r.unload("m", "unloaded");
         assert_eq!(taken.len(), 1);
-        assert_eq!(r.resolve("m", None).err(), Some(Error::Unavailable("model 'm' is UNAVAILABLE: unloaded".into())));
+        let unloaded = "Request for unknown model: 'm' has no available versions: it is UNAVAILABLE: unloaded";
+        assert_eq!(r.resolve("m", None).err(), Some(Error::Unavailable(unloaded.into())));
         assert!(r.all_ready(), "an unloaded model no longer counts for readiness");
         r.add_unloaded("other", "not loaded");
         assert!(r.all_ready(), "nor does a model that was never loaded");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::Lifecycle;
 use crate::error::Error;
+use crate::model::OutputRequest;
 use crate::plugin::compose::BoxFuture;
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
 use crate::scheduler::policy::RequestOptions;
@@ -21,7 +22,8 @@ impl ModelRunner for Lifecycle {
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
-            let (outputs, _) = callee.infer(inputs, &outputs, RequestOptions::default()).await?;
+            let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
+            let (outputs, _) = callee.infer(inputs, &requested, RequestOptions::default()).await?;
             Ok(outputs)
         })
     }

@@ -72,7 +72,8 @@ async fn explicit_loads_the_named_models_and_then_what_the_api_says() {
 
     lifecycle.unload("a").await.unwrap();
     let gone = lifecycle.resolve("a", None).await.err();
-    assert_eq!(gone, Some(Error::Unavailable("model 'a' is UNAVAILABLE: unloaded".into())));
+    let unloaded = "Request for unknown model: 'a' has no available versions: it is UNAVAILABLE: unloaded";
+    assert_eq!(gone, Some(Error::Unavailable(unloaded.into())));
     assert_eq!(lifecycle.unload("zzz").await, Err(Error::NotFound("unknown model 'zzz'".into())));
 
     // The load API's configuration override reloads the model under it.
@@ -230,5 +231,5 @@ async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
         "{no_plugin:?}"
     );
     let unknown = runner.infer("zzz".into(), None, vec![], vec![]).await.unwrap_err();
-    assert_eq!(unknown, Error::NotFound("unknown model 'zzz'".into()));
+    assert_eq!(unknown, Error::NotFound("Request for unknown model: 'zzz' is not found".into()));
 }

@@ -4,8 +4,10 @@
 
 mod check;
 mod instances;
+mod outputs;
 mod warmup;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
 pub use check::check_inputs;
+pub use outputs::OutputRequest;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.
 pub struct Runtimes {
@@ -91,6 +94,8 @@ pub struct Model {
     scheduler: Scheduler,
     metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
+    /// Class labels of the outputs with a `label_filename`, by output.
+    labels: HashMap<String, Vec<String>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -150,8 +155,11 @@ impl Model {
                 Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics)?))
             }
         };
+        let labels = outputs::load_labels(config, &dir.path)?;
         let metrics = rt.metrics.for_model(&dir.name, version);
-        Ok(Model::new(&dir.name, version, config, signature, instances, policy, metrics, plugin))
+        let mut model = Model::new(&dir.name, version, config, signature, instances, policy, metrics, plugin);
+        model.labels = labels;
+        Ok(model)
     }
 
     /// A model version over backend `instances` that are already built,
@@ -178,6 +186,7 @@ impl Model {
             scheduler,
             metrics,
             plugin,
+            labels: HashMap::new(),
         }
     }
 
@@ -213,19 +222,20 @@ impl Model {
     }
 
     /// Runs the model on tensors through its scheduler. `requested` names
-    /// the outputs to return; empty means all, in the order the model
-    /// declares them. `options` are the request's `priority` and `timeout`.
-    /// Counts the outcome in Triton's success / failure metrics.
+    /// the outputs to return, in that order, each as its tensor or as a
+    /// classification; empty means all, in the order the model declares
+    /// them. `options` are the request's `priority` and `timeout`. Counts
+    /// the outcome in Triton's success / failure metrics.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for inputs that do not fit the signature,
-    /// an unknown requested output or priority; [`Error::Overloaded`] when
-    /// the queue is full or the queue timeout expired; [`Error::Internal`]
-    /// when the backend fails.
+    /// an unknown, repeated or unclassifiable requested output, an unknown
+    /// priority; [`Error::Overloaded`] when the queue is full or the queue
+    /// timeout expired; [`Error::Internal`] when the backend fails.
     pub async fn infer(
         &self,
         inputs: Vec<Tensor>,
-        requested: &[String],
+        requested: &[OutputRequest],
         options: RequestOptions,
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         let started = Instant::now();
@@ -237,17 +247,11 @@ impl Model {
     async fn run(
         &self,
         inputs: Vec<Tensor>,
-        requested: &[String],
+        requested: &[OutputRequest],
         options: RequestOptions,
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
-        if let Some(unknown) = requested.iter().find(|r| !self.signature.outputs.iter().any(|o| &o.name == *r)) {
-            let names: Vec<_> = self.signature.outputs.iter().map(|o| o.name.as_str()).collect();
-            return Err(Error::InvalidArgument(format!(
-                "model '{}' has no output '{unknown}'; its outputs are {names:?}",
-                self.name
-            )));
-        }
+        outputs::check(&self.signature, &self.name, requested)?;
         let rows = if self.signature.max_batch_size > 0 {
             inputs.first().and_then(|t| t.shape.first().copied())
         } else {
@@ -263,15 +267,8 @@ impl Model {
             });
         }
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
-        if requested.is_empty() {
-            return Ok((outputs, timing));
-        }
-        // In the order the request names them.
-        let outputs = requested
-            .iter()
-            .filter_map(|r| outputs.iter().position(|t| &t.name == r).map(|i| outputs.swap_remove(i)))
-            .collect();
-        Ok((outputs, timing))
+        let batching = self.signature.max_batch_size > 0;
+        Ok((outputs::select(outputs, requested, &self.labels, batching), timing))
     }
 
     /// Sends a raw request through the model's plugin: preprocess, run,

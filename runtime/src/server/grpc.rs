@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::config::proto as pb;
@@ -12,6 +13,7 @@ use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::config::proto::infer_parameter::ParameterChoice;
 use crate::error::Error;
 use crate::metrics::{ModelStatistics, Total};
+use crate::model::OutputRequest;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
 
@@ -97,35 +99,22 @@ impl GrpcInferenceService for Grpc {
         if let Some(id) = model_id {
             r.model_name = id;
         }
-        let m = self.service.model(&r.model_name, version(&r.model_version)?).await?;
-        let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
-        let inferred = self
-            .service
-            .infer(&m, |_| {
-                let options = RequestOptions {
-                    priority: uint_parameter(&parameters, "priority")?,
-                    timeout_us: uint_parameter(&parameters, "timeout")?,
-                };
-                let requested = outputs.iter().map(|o| o.name.clone()).collect();
-                Ok((InferCall { tensors: input_tensors(inputs, raw)?, requested, options }, ()))
-            })
-            .await?;
-        let mut response = pb::ModelInferResponse {
-            model_name: m.name.clone(),
-            model_version: m.version.to_string(),
-            id: r.id,
-            ..Default::default()
-        };
-        for t in inferred.outputs {
-            response.outputs.push(pb::model_infer_response::InferOutputTensor {
-                name: t.name,
-                datatype: t.datatype.name().into(),
-                shape: t.shape,
-                ..Default::default()
-            });
-            response.raw_output_contents.push(t.data);
-        }
-        Ok(Response::new(response))
+        Ok(Response::new(infer(&self.service, r).await?))
+    }
+
+    type ModelStreamInferStream = ReceiverStream<Result<pb::ModelStreamInferResponse, Status>>;
+
+    /// Each request of the stream runs as it arrives; each answer (or error,
+    /// with the request's id) is sent as its request completes. When the
+    /// client goes away or cancels the call, the requests still queued are
+    /// taken out and never run.
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Answer<Self::ModelStreamInferStream> {
+        let (answers, stream) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(serve_stream(self.service.clone(), request.into_inner(), answers));
+        Ok(Response::new(ReceiverStream::new(stream)))
     }
 
     async fn model_config(&self, request: Request<pb::ModelConfigRequest>) -> Answer<pb::ModelConfigResponse> {
@@ -191,6 +180,94 @@ impl GrpcInferenceService for Grpc {
     }
 }
 
+/// Answers buffered on a stream before its requests wait for the client to
+/// read them.
+const STREAM_BUFFER: usize = 64;
+
+/// Runs one `ModelInferRequest` through the service core.
+async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
+    let m = service.model(&r.model_name, version(&r.model_version)?).await?;
+    let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
+    let inferred = service
+        .infer(&m, |_| {
+            let options = RequestOptions {
+                priority: uint_parameter(&parameters, "priority")?,
+                timeout_us: uint_parameter(&parameters, "timeout")?,
+            };
+            let requested = outputs.iter().map(requested_output).collect::<Result<_, _>>()?;
+            Ok((InferCall { tensors: input_tensors(inputs, raw)?, requested, options }, ()))
+        })
+        .await?;
+    let mut response = pb::ModelInferResponse {
+        model_name: m.name.clone(),
+        model_version: m.version.to_string(),
+        id: r.id,
+        ..Default::default()
+    };
+    for t in inferred.outputs {
+        response.outputs.push(pb::model_infer_response::InferOutputTensor {
+            name: t.name,
+            datatype: t.datatype.name().into(),
+            shape: t.shape,
+            ..Default::default()
+        });
+        response.raw_output_contents.push(t.data);
+    }
+    Ok(response)
+}
+
+/// Serves one `ModelStreamInfer` call: reads requests until the client ends
+/// its side, runs each as its own task, and sends each answer as it is
+/// ready. The tasks are aborted (their queued requests taken out) when the
+/// client cancels or stops reading.
+async fn serve_stream(
+    service: Arc<Service>,
+    mut requests: Streaming<pb::ModelInferRequest>,
+    answers: tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+) {
+    let mut running = tokio::task::JoinSet::new();
+    let mut reading = true;
+    while reading || !running.is_empty() {
+        tokio::select! {
+            next = requests.message(), if reading => match next {
+                Ok(Some(request)) => {
+                    let service = service.clone();
+                    running.spawn(async move { stream_answer(&service, request).await });
+                }
+                Ok(None) => reading = false,
+                // The client cancelled the call or the connection broke.
+                Err(_) => return,
+            },
+            Some(done) = running.join_next() => {
+                let answer = done.unwrap_or_else(|e| stream_error(String::new(), &format!("the request failed: {e}")));
+                if answers.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            },
+            () = answers.closed() => return,
+        }
+    }
+}
+
+/// The stream's answer to one request: its response, or its error with its
+/// id, as Triton answers on the stream.
+async fn stream_answer(service: &Service, request: pb::ModelInferRequest) -> pb::ModelStreamInferResponse {
+    let id = request.id.clone();
+    let answer = match service.begin_inference() {
+        Ok(_counted) => infer(service, request).await,
+        Err(e) => Err(e.into()),
+    };
+    match answer {
+        Ok(response) => pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+        Err(status) => stream_error(id, status.message()),
+    }
+}
+
+fn stream_error(id: String, message: &str) -> pb::ModelStreamInferResponse {
+    let infer_response = pb::ModelInferResponse { id, ..Default::default() };
+    pb::ModelStreamInferResponse { error_message: message.to_owned(), infer_response: Some(infer_response) }
+}
+
 /// The model id ModelMesh sends with a forwarded request, which names the
 /// model in place of the request's own field: `mm-model-id`, or for an id
 /// that is not ASCII, `mm-model-id-bin` (gRPC binary metadata, UTF-8).
@@ -202,6 +279,22 @@ fn mesh_model_id<T>(request: &Request<T>) -> Option<String> {
     }
     let id = metadata.get_bin(format!("{MODEL_ID_HEADER}-bin"))?.to_bytes().ok()?;
     String::from_utf8(id.to_vec()).ok()
+}
+
+/// An output the request asks for, with its `classification` parameter
+/// (an int64 above 0, as Triton reads it).
+fn requested_output(o: &pb::model_infer_request::InferRequestedOutputTensor) -> Result<OutputRequest, Error> {
+    let classification = match o.parameters.get("classification").and_then(|p| p.parameter_choice.as_ref()) {
+        None => None,
+        Some(ParameterChoice::Int64Param(n)) if *n > 0 => Some(usize::try_from(*n).unwrap_or(usize::MAX)),
+        Some(other) => {
+            return Err(Error::InvalidArgument(format!(
+                "output '{}': parameter 'classification' must be an int64_param above 0, got {other:?}",
+                o.name
+            )));
+        }
+    };
+    Ok(OutputRequest { name: o.name.clone(), classification })
 }
 
 /// A non-negative integer request parameter (`priority`, `timeout`).

@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::error::Error;
-use crate::model::Model;
+use crate::model::{Model, OutputRequest};
 use crate::plugin::RawRequest;
 use crate::protocol::binary::{self, HEADER_LENGTH};
 use crate::protocol::json::{InferRequest, InferResponse, ModelMetadata};
+use crate::registry::UNKNOWN_MODEL;
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::DataType;
@@ -46,7 +47,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
         let version = match params.get("version").map(|v| service::parse_version(v)) {
             Some(Err(Error::NotFound(_))) => {
                 let v = &params["version"];
-                return Err(Error::NotFound(format!("model '{name}' has no version {v}")).into());
+                return Err(Error::NotFound(format!("{UNKNOWN_MODEL}: '{name}' version {v} is not found")).into());
             }
             other => other.transpose()?,
         };
@@ -112,7 +113,7 @@ pub async fn infer(
         .infer(&m, |m| {
             let binary::Decoded { request, tensors } = binary::decode(header_length, &body, &m.signature)?;
             let options = request_options(&request)?;
-            let requested: Vec<String> = request.outputs.iter().flatten().map(|o| o.name.clone()).collect();
+            let requested = requested_outputs(&request)?;
             refuse_json_only_binary_outputs(m, &request, &requested)?;
             Ok((InferCall { tensors, requested, options }, request))
         })
@@ -140,6 +141,26 @@ pub async fn infer(
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert("server-timing", server_timing(&timing_entries(&inferred.timing)));
     Ok((headers, encoded.body).into_response())
+}
+
+/// The outputs a request asks for, each with its `classification` count
+/// (the classification extension's output parameter; 0 means none).
+fn requested_outputs(request: &InferRequest) -> Result<Vec<OutputRequest>, Error> {
+    let outputs = request.outputs.iter().flatten();
+    outputs
+        .map(|o| {
+            let classification = match o.parameters.get("classification") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(v.as_u64().filter(|&n| n <= u32::MAX as u64).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "output '{}': parameter 'classification' must be a non-negative integer, got {v}",
+                        o.name
+                    ))
+                })? as usize),
+            };
+            Ok(OutputRequest { name: o.name.clone(), classification: classification.filter(|&n| n > 0) })
+        })
+        .collect()
 }
 
 /// The scheduling options in the request `parameters`: `priority` (a
@@ -182,8 +203,13 @@ pub async fn predict(
 
 /// FP16 and BF16 outputs have no JSON form: refused before the model runs
 /// unless asked for as binary data.
-fn refuse_json_only_binary_outputs(m: &Model, request: &InferRequest, requested: &[String]) -> Result<(), Error> {
-    let returned = m.signature.outputs.iter().filter(|o| requested.is_empty() || requested.contains(&o.name));
+fn refuse_json_only_binary_outputs(
+    m: &Model,
+    request: &InferRequest,
+    requested: &[OutputRequest],
+) -> Result<(), Error> {
+    let as_tensor = |name: &str| requested.iter().any(|r| r.name == name && r.classification.is_none());
+    let returned = m.signature.outputs.iter().filter(|o| requested.is_empty() || as_tensor(&o.name));
     for o in returned {
         if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && !binary::wants_binary(request, &o.name) {
             return Err(Error::InvalidArgument(format!(

@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::Error;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::ModelStatistics;
-use crate::model::{Model, PredictTiming};
+use crate::model::{Model, OutputRequest, PredictTiming};
 use crate::plugin::{RawRequest, RawResponse};
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::registry::{IndexEntry, Registry, RepositoryState};
@@ -49,7 +49,7 @@ pub struct InferCall {
     /// The inputs, in request order.
     pub tensors: Vec<Tensor>,
     /// The outputs asked for, in order; empty for all.
-    pub requested: Vec<String>,
+    pub requested: Vec<OutputRequest>,
     /// `priority` and `timeout`.
     pub options: RequestOptions,
 }

@@ -63,8 +63,21 @@ async fn inference_returns_the_model_s_values() {
 async fn bad_requests_say_why_with_the_right_status() {
     let (_repo, service) = started(ControlMode::Explicit).await;
     let cases = [
-        ("GET", "/v2/models/zzz", "", StatusCode::NOT_FOUND, "unknown model 'zzz'"),
-        ("GET", "/v2/models/twice/versions/3", "", StatusCode::NOT_FOUND, "model 'twice' has no version 3"),
+        ("GET", "/v2/models/zzz", "", StatusCode::NOT_FOUND, "Request for unknown model: 'zzz' is not found"),
+        (
+            "GET",
+            "/v2/models/twice/versions/3",
+            "",
+            StatusCode::NOT_FOUND,
+            "Request for unknown model: 'twice' version 3 is not found",
+        ),
+        (
+            "GET",
+            "/v2/models/twice/versions/99999999999999999999",
+            "",
+            StatusCode::NOT_FOUND,
+            "Request for unknown model: 'twice' version 99999999999999999999 is not found",
+        ),
         (
             "GET",
             "/v2/models/twice/versions/07",
@@ -123,7 +136,8 @@ async fn load_and_unload_follow_the_control_mode() {
     let (_repo, service) = started(ControlMode::Explicit).await;
     assert_eq!(call(&service, "POST", "/v2/repository/models/twice/unload", "").await, (StatusCode::OK, json!({})));
     let (status, body) = call(&service, "GET", "/v2/models/twice/ready", "").await;
-    assert_eq!((status, body), (StatusCode::SERVICE_UNAVAILABLE, error("model 'twice' is UNAVAILABLE: unloaded")));
+    let unloaded = "Request for unknown model: 'twice' has no available versions: it is UNAVAILABLE: unloaded";
+    assert_eq!((status, body), (StatusCode::SERVICE_UNAVAILABLE, error(unloaded)));
     let config = r#"{"parameters": {"config": "{\"max_batch_size\": 2, \"version_policy\": {\"all\": {}}}"}}"#;
     assert_eq!(call(&service, "POST", "/v2/repository/models/twice/load", config).await, (StatusCode::OK, json!({})));
     let (_, served) = call(&service, "GET", "/v2/models/twice/config", "").await;
