@@ -197,8 +197,42 @@ pub struct TensorSpec {
     pub name: String,
     /// Element type.
     pub datatype: DataType,
-    /// Dimensions without the batch dimension (as `config.pbtxt` gives them).
+    /// Dimensions without the batch dimension (as `config.pbtxt` gives them):
+    /// the shape clients send and receive.
     pub dims: Vec<i64>,
+    /// `reshape`: the dimensions the backend sees instead, when they differ
+    /// (same elements, row-major; Triton's model configuration).
+    pub reshape: Option<Vec<i64>>,
+    /// `optional`: a request may leave this input out.
+    pub optional: bool,
+}
+
+impl TensorSpec {
+    /// A required tensor without a reshape.
+    pub fn new(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
+        TensorSpec { name: name.to_owned(), datatype, dims: dims.to_vec(), reshape: None, optional: false }
+    }
+
+    /// The dimensions the backend sees: `reshape` if there is one, else
+    /// `dims`.
+    pub fn model_dims(&self) -> &[i64] {
+        self.reshape.as_deref().unwrap_or(&self.dims)
+    }
+}
+
+/// `actual` (dimensions that fit the pattern `from`, -1 in it matching any
+/// size) as the pattern `to` with the same elements, row-major: `to`'s
+/// variable dimensions take `from`'s actual sizes in order (Triton's
+/// reshape, whose trunks between variable dimensions hold the same number of
+/// elements). `None` when `actual` does not fit `from` or the counts differ.
+pub fn reshape_dims(actual: &[i64], from: &[i64], to: &[i64]) -> Option<Vec<i64>> {
+    let fits = actual.len() == from.len() && from.iter().zip(actual).all(|(&f, &a)| a >= 0 && (f < 0 || f == a));
+    if !fits {
+        return None;
+    }
+    let mut variable = from.iter().zip(actual).filter(|(f, _)| **f < 0).map(|(_, &a)| a);
+    let shape: Vec<i64> = to.iter().map(|&t| if t < 0 { variable.next() } else { Some(t) }).collect::<Option<_>>()?;
+    (element_count(&shape) == element_count(actual)).then_some(shape)
 }
 
 #[cfg(test)]
@@ -211,6 +245,16 @@ mod tests {
             assert_eq!(DataType::from_name(d.name()), Some(d));
         }
         assert_eq!(DataType::from_name("FLOAT"), None);
+    }
+
+    #[test]
+    fn reshapes_map_variable_dimensions_in_order() {
+        assert_eq!(reshape_dims(&[2, 4, 5, 6], &[2, 4, -1, 6], &[8, -1, 1, 6]), Some(vec![8, 5, 1, 6]));
+        assert_eq!(reshape_dims(&[8, 5, 1, 6], &[8, -1, 1, 6], &[2, 4, -1, 6]), Some(vec![2, 4, 5, 6]));
+        assert_eq!(reshape_dims(&[1, 7, 1], &[1, -1, 1], &[-1]), Some(vec![7]));
+        assert_eq!(reshape_dims(&[1], &[1], &[]), Some(vec![]), "an empty reshape: one element");
+        assert_eq!(reshape_dims(&[4, 4], &[4, 4], &[16]), Some(vec![16]));
+        assert_eq!(reshape_dims(&[4, 3], &[4, 4], &[16]), None, "does not fit the pattern");
     }
 
     #[test]

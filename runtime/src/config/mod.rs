@@ -200,16 +200,26 @@ impl Signature {
     /// A message naming a tensor whose `data_type` is missing or invalid, or
     /// a negative `max_batch_size`.
     pub fn from_config(config: &ModelConfig) -> Result<Signature, String> {
-        let spec = |name: &str, data_type: i32, dims: &[i64]| {
+        let spec = |name: &str, data_type: i32, dims: &[i64], reshape: &Option<proto::ModelTensorReshape>| {
             let datatype = datatype_from_config(data_type)
                 .ok_or_else(|| format!("tensor '{name}' has no valid data_type in {CONFIG_FILE}"))?;
-            Ok::<_, String>(TensorSpec { name: name.to_owned(), datatype, dims: dims.to_vec() })
+            let mut spec = TensorSpec::new(name, datatype, dims);
+            spec.reshape = reshape.as_ref().map(|r| r.shape.clone());
+            Ok::<_, String>(spec)
         };
+        let inputs = config
+            .input
+            .iter()
+            .map(|i| spec(&i.name, i.data_type, &i.dims, &i.reshape).map(|s| TensorSpec { optional: i.optional, ..s }));
         Ok(Signature {
             max_batch_size: u32::try_from(config.max_batch_size)
                 .map_err(|_| format!("max_batch_size must be >= 0, got {}", config.max_batch_size))?,
-            inputs: config.input.iter().map(|i| spec(&i.name, i.data_type, &i.dims)).collect::<Result<_, _>>()?,
-            outputs: config.output.iter().map(|o| spec(&o.name, o.data_type, &o.dims)).collect::<Result<_, _>>()?,
+            inputs: inputs.collect::<Result<_, _>>()?,
+            outputs: config
+                .output
+                .iter()
+                .map(|o| spec(&o.name, o.data_type, &o.dims, &o.reshape))
+                .collect::<Result<_, _>>()?,
         })
     }
 

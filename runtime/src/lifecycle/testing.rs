@@ -55,7 +55,7 @@ impl Loader for FakeLoader {
             return Err(LoadError::Failed(message.to_owned()));
         }
         let bytes = config::parameter(config, "fake.bytes").map_or(FAKE_BYTES, |b| b.parse().unwrap());
-        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, dims: vec![1] };
+        let spec = |name: &str| TensorSpec::new(name, DataType::Fp32, &[1]);
         let signature = Signature {
             max_batch_size: u32::try_from(config.max_batch_size).unwrap(),
             inputs: vec![spec("x")],

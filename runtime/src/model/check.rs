@@ -7,21 +7,41 @@ use crate::error::Error;
 use crate::tensor::{Tensor, TensorSpec};
 
 /// Checks the configuration's inputs and outputs against the model file's:
-/// every configured tensor exists with the same datatype and rank, fixed
-/// dimensions agree, and a batching model really has a variable first
-/// dimension. Tensors the configuration leaves out are added from the model
-/// file (Triton's auto-complete).
+/// the configuration declares all of the model's inputs or none, and every
+/// configured tensor exists with the same datatype and rank, its fixed
+/// dimensions (after `reshape`) agree, and a batching model really has a
+/// variable first dimension. When the configuration declares no inputs
+/// (or no outputs), they come from the model file (Triton's auto-complete).
 ///
 /// # Errors
 /// A message naming the tensor and both values.
 pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[ModelIo]) -> Result<(), String> {
     let batch = sig.max_batch_size > 0;
+    if let Some(optional) = sig.inputs.iter().find(|s| s.optional && batch) {
+        return Err(format!(
+            "optional input '{}' is not supported for models that batch (max_batch_size > 0)",
+            optional.name
+        ));
+    }
+    // Optional inputs are initializers of the model that a request may
+    // override; the others must be the model's inputs, all of them.
+    let required = sig.inputs.iter().filter(|s| !s.optional).count();
+    if !sig.inputs.is_empty() && required != inputs.len() {
+        let names: Vec<_> = inputs.iter().map(|io| io.name.as_str()).collect();
+        return Err(format!(
+            "{CONFIG_FILE} declares {required} required inputs, but the model has {} ({names:?}): declare every input, or none to take them from the model",
+            inputs.len()
+        ));
+    }
     for (declared, actual, kind) in [(&mut sig.inputs, inputs, "input"), (&mut sig.outputs, outputs, "output")] {
         if declared.is_empty() {
             *declared = actual.iter().map(|io| spec_from_model(io, batch, kind)).collect::<Result<_, _>>()?;
             continue;
         }
         for spec in declared.iter() {
+            if spec.optional && !actual.iter().any(|io| io.name == spec.name) {
+                continue;
+            }
             let io = actual.iter().find(|io| io.name == spec.name).ok_or_else(|| {
                 let names: Vec<_> = actual.iter().map(|io| io.name.as_str()).collect();
                 format!("{CONFIG_FILE} declares {kind} '{}', but the model's {kind}s are {names:?}", spec.name)
@@ -73,7 +93,7 @@ fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, 
         format!("model {kind} '{}' has type {}, which the v2 protocol cannot carry", io.name, io.type_name)
     })?;
     let dims = if batch { io.shape.get(1..).unwrap_or_default().to_vec() } else { io.shape.clone() };
-    Ok(TensorSpec { name: io.name.clone(), datatype, dims })
+    Ok(TensorSpec::new(&io.name, datatype, &dims))
 }
 
 fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Result<(), String> {
@@ -99,21 +119,26 @@ fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Res
     } else {
         &io.shape[..]
     };
-    if model_dims.len() != spec.dims.len() {
+    // With a reshape, the backend sees the reshape's dimensions.
+    let (declared, field) = match &spec.reshape {
+        Some(reshape) => (reshape.as_slice(), "reshape"),
+        None => (spec.dims.as_slice(), "dims"),
+    };
+    if model_dims.len() != declared.len() {
         return Err(format!(
-            "{kind} '{name}': {CONFIG_FILE} dims {:?} have rank {}, but the model's shape {:?} has rank {}{}",
-            spec.dims,
-            spec.dims.len(),
+            "{kind} '{name}': {CONFIG_FILE} {field} {:?} have rank {}, but the model's shape {:?} has rank {}{}",
+            declared,
+            declared.len(),
             io.shape,
             model_dims.len(),
             if batch { " without its batch dimension" } else { "" }
         ));
     }
-    for (i, (&want, &have)) in spec.dims.iter().zip(model_dims).enumerate() {
+    for (i, (&want, &have)) in declared.iter().zip(model_dims).enumerate() {
         if have >= 0 && want != have {
             return Err(format!(
-                "{kind} '{name}': dimension {i} is {want} in {CONFIG_FILE} but {have} in the model (config dims {:?}, model shape {:?})",
-                spec.dims, io.shape
+                "{kind} '{name}': dimension {i} is {want} in {CONFIG_FILE} but {have} in the model (config {field} {declared:?}, model shape {:?})",
+                io.shape
             ));
         }
     }
@@ -158,7 +183,7 @@ pub fn check_inputs(sig: &Signature, model: &str, inputs: &[Tensor]) -> Result<(
         }
         t.check_data().map_err(bad)?;
     }
-    if let Some(missing) = sig.inputs.iter().find(|s| !inputs.iter().any(|t| t.name == s.name)) {
+    if let Some(missing) = sig.inputs.iter().find(|s| !s.optional && !inputs.iter().any(|t| t.name == s.name)) {
         return Err(bad(format!("input '{}' is missing", missing.name)));
     }
     if sig.max_batch_size > 0 {
@@ -185,17 +210,13 @@ mod tests {
     }
 
     fn sig(dims: &[i64], batch: u32) -> Signature {
-        Signature {
-            max_batch_size: batch,
-            inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, dims: dims.to_vec() }],
-            outputs: vec![],
-        }
+        Signature { max_batch_size: batch, inputs: vec![TensorSpec::new("x", DataType::Fp32, dims)], outputs: vec![] }
     }
 
     #[test]
     fn returned_outputs_must_have_the_declared_type_shape_and_rows_and_come_once() {
         let mut signature = sig(&[2], 8);
-        signature.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp32, dims: vec![2] }];
+        signature.outputs = vec![TensorSpec::new("y", DataType::Fp32, &[2])];
         let y = |datatype, shape: &[i64]| Tensor { name: "y".into(), datatype, shape: shape.to_vec(), data: vec![] };
         assert!(check_outputs(&signature, &[y(DataType::Fp32, &[3, 2])], Some(3)).is_ok());
         let err = check_outputs(&signature, &[y(DataType::Int64, &[3, 2])], Some(3)).unwrap_err();

@@ -5,6 +5,7 @@
 mod check;
 mod instances;
 mod outputs;
+mod reshape;
 mod warmup;
 
 use std::collections::HashMap;
@@ -204,6 +205,7 @@ impl Model {
             let inputs = warmup::sample_inputs(sample, &self.signature, model_dir)?;
             check_inputs(&self.signature, &self.name, &inputs)
                 .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
+            let inputs = reshape::inputs(&self.signature, inputs);
             for instance in &self.instances {
                 for _ in 0..sample.count.max(1) {
                     instance
@@ -257,15 +259,18 @@ impl Model {
         } else {
             None
         };
-        let (mut outputs, timing) = self.scheduler.submit(inputs, options).await?;
-        if let Err(m) = check::check_outputs(&self.signature, &outputs, rows) {
+        let inputs = reshape::inputs(&self.signature, inputs);
+        let (outputs, timing) = self.scheduler.submit(inputs, options).await?;
+        let checked = reshape::outputs(&self.signature, outputs)
+            .and_then(|outputs| check::check_outputs(&self.signature, &outputs, rows).map(|()| outputs));
+        let mut outputs = checked.map_err(|m| {
             let message = format!("model '{}' returned {m}", self.name);
             // A remote server's wrong answer is its fault, not ours.
-            return Err(match self.instances[0].kind() {
+            match self.instances[0].kind() {
                 BackendKind::Remote => Error::BadGateway(message),
                 BackendKind::OnnxRuntime | BackendKind::Pytorch => Error::Internal(message),
-            });
-        }
+            }
+        })?;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         let batching = self.signature.max_batch_size > 0;
         Ok((outputs::select(outputs, requested, &self.labels, batching), timing))

@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn requests_are_checked_before_the_model_runs() {
-        let spec = |name: &str, datatype| TensorSpec { name: name.into(), datatype, dims: vec![2] };
+        let spec = |name: &str, datatype| TensorSpec::new(name, datatype, &[2]);
         let sig = Signature {
             max_batch_size: 0,
             inputs: vec![],

@@ -67,7 +67,7 @@ struct Fixture {
 fn load(limits: PluginLimits) -> Fixture {
     let host = PluginHost::new(limits, None).unwrap();
     let model_dir = tempfile::tempdir().unwrap();
-    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, dims: vec![2] };
+    let spec = |name: &str| TensorSpec::new(name, DataType::Fp32, &[2]);
     let info = ModelInfo {
         name: "m".into(),
         version: 1,

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::json::{InferRequest, InferResponse, InputTensor, OutputTensor};
 use crate::config::Signature;
 use crate::error::Error;
-use crate::tensor::{DataType, Tensor, element_count, push_bytes_element, request_datatype};
+use crate::tensor::{Tensor, TensorSpec, push_bytes_element, request_datatype};
 
 /// The header giving the length of the JSON part of a body.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -132,9 +132,11 @@ pub fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error>
 }
 
 /// `Inference-Header-Content-Length: 0`: the body is the raw data of the
-/// model's only input. A BYTES input gets the body as one element; a
-/// fixed-size input needs fixed dimensions, and a batching model gets as
-/// many rows as the body holds.
+/// model's only input, and the answer is all binary data (as Triton's
+/// raw binary requests). A BYTES input gets the body as one element. A
+/// fixed-size input with one variable dimension gets that dimension from
+/// the body's size, and a batch of one (Triton's deduction); one with fixed
+/// dimensions in a batching model gets as many rows as the body holds.
 fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
     let [spec] = signature.inputs.as_slice() else {
         return Err(bad(format!(
@@ -143,47 +145,63 @@ fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
         )));
     };
     let batching = signature.max_batch_size > 0;
-    let mut shape = spec.dims.clone();
-    let data = match spec.datatype.element_size() {
+    let (shape, data) = match spec.datatype.element_size() {
         None => {
-            shape.iter_mut().for_each(|d| *d = (*d).max(1));
+            let mut shape: Vec<i64> = spec.dims.iter().map(|&d| d.max(1)).collect();
+            if batching {
+                shape.insert(0, 1);
+            }
             let mut data = Vec::with_capacity(body.len() + 4);
             push_bytes_element(&mut data, body);
-            data
+            (shape, data)
         }
-        Some(size) => {
-            let row = element_count(&shape)
-                .filter(|_| shape.iter().all(|&d| d >= 0))
-                .map(|n| n * size)
-                .filter(|&n| n > 0)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{HEADER_LENGTH}: 0 needs an input of fixed dimensions, but '{}' has dims {:?}",
-                        spec.name, spec.dims
-                    ))
-                })?;
-            if !body.len().is_multiple_of(row) || (!batching && body.len() != row) {
-                return Err(bad(format!(
-                    "the raw body of {} bytes does not fill input '{}' ({} of {row} bytes per {})",
-                    body.len(),
-                    spec.name,
-                    spec.datatype,
-                    if batching { "row" } else { "tensor" }
-                )));
+        Some(size) => (raw_shape(spec, batching, body.len(), size)?, body.to_vec()),
+    };
+    let mut request = InferRequest::default();
+    request.parameters.insert("binary_data_output".into(), Value::Bool(true));
+    Ok(Decoded { request, tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }] })
+}
+
+/// The shape of a raw input of `len` bytes whose elements have `size`
+/// bytes: at most one variable dimension, deduced with a batch of one; with
+/// fixed dimensions only, as many rows as the body holds (batching) or
+/// exactly one tensor.
+fn raw_shape(spec: &TensorSpec, batching: bool, len: usize, size: usize) -> Result<Vec<i64>, Error> {
+    let variable: Vec<usize> = (0..spec.dims.len()).filter(|&i| spec.dims[i] < 0).collect();
+    let fixed: usize = spec.dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product::<usize>() * size;
+    let unfilled = |per: &str| {
+        bad(format!(
+            "the raw body of {len} bytes does not fill input '{}' ({} of {fixed} bytes per {per})",
+            spec.name, spec.datatype
+        ))
+    };
+    let fills = |n: usize| fixed > 0 && n > 0 && len.is_multiple_of(fixed) && len / fixed == n;
+    let mut shape = spec.dims.clone();
+    let batch = match variable.as_slice() {
+        [] if batching => {
+            if fixed == 0 || len == 0 || !len.is_multiple_of(fixed) {
+                return Err(unfilled("row"));
             }
-            if batching {
-                shape.insert(0, (body.len() / row) as i64);
-            }
-            body.to_vec()
+            (len / fixed) as i64
+        }
+        [] if fills(1) => 1,
+        [] => return Err(unfilled("tensor")),
+        [axis] if fixed > 0 && len.is_multiple_of(fixed) => {
+            shape[*axis] = (len / fixed) as i64;
+            1
+        }
+        [_] => return Err(unfilled("element of its variable dimension")),
+        _ => {
+            return Err(bad(format!(
+                "the shape of the raw input '{}' cannot be deduced: its dims {:?} have more than one variable-size dimension",
+                spec.name, spec.dims
+            )));
         }
     };
-    if batching && spec.datatype == DataType::Bytes {
-        shape.insert(0, 1);
+    if batching {
+        shape.insert(0, batch);
     }
-    Ok(Decoded {
-        request: InferRequest::default(),
-        tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }],
-    })
+    Ok(shape)
 }
 
 /// Which outputs go back as binary data: an output's own `binary_data`
@@ -238,14 +256,10 @@ fn bad(message: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::TensorSpec;
+    use crate::tensor::DataType;
 
     fn signature(datatype: DataType, dims: &[i64], max_batch_size: u32) -> Signature {
-        Signature {
-            max_batch_size,
-            inputs: vec![TensorSpec { name: "x".into(), datatype, dims: dims.to_vec() }],
-            outputs: vec![],
-        }
+        Signature { max_batch_size, inputs: vec![TensorSpec::new("x", datatype, dims)], outputs: vec![] }
     }
 
     fn body(header: &str, binary: &[u8]) -> (Vec<u8>, Vec<u8>) {
@@ -301,10 +315,20 @@ mod tests {
         let zero = Some(&b"0"[..]);
         let raw = [0u8; 16];
         let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[2], 4)).unwrap();
-        assert_eq!(decoded.tensors[0].shape, vec![2, 2]);
+        assert_eq!(decoded.tensors[0].shape, vec![2, 2], "fixed dims: rows from the body");
+        assert!(wants_binary(&decoded.request, "any output"), "a raw request is answered in binary");
         let decoded = decode(zero, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1]);
         assert!(decode(zero, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
+        // One variable dimension is deduced from the size, with a batch of one.
+        let decoded = decode(zero, &raw, &signature(DataType::Int16, &[2, -1], 8)).unwrap();
+        assert_eq!(decoded.tensors[0].shape, vec![1, 2, 4]);
+        let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[-1], 0)).unwrap();
+        assert_eq!(decoded.tensors[0].shape, vec![4]);
+        let two = decode(zero, &raw, &signature(DataType::Fp32, &[-1, -1], 0)).err().unwrap().to_string();
+        assert!(two.contains("more than one variable-size dimension"), "{two}");
+        let odd = decode(zero, &raw[..6], &signature(DataType::Fp32, &[-1], 0)).err().unwrap().to_string();
+        assert!(odd.contains("does not fill input 'x' (FP32 of 4 bytes per element"), "{odd}");
     }
 
     #[test]
