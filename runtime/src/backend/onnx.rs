@@ -34,6 +34,19 @@ pub struct SessionOptions {
     /// `session.intra_op.allow_spinning` (ONNX Runtime's session config
     /// key): whether idle intra-op threads busy-wait for the next run.
     pub intra_op_spinning: bool,
+    /// `optimization.graph.level`, as Triton's ONNX Runtime backend reads
+    /// it: -1 basic, 1 extended, 2 none, anything else (0) all.
+    pub graph_level: i32,
+}
+
+/// ONNX Runtime's optimization level for Triton's `optimization.graph.level`.
+fn optimization_level(level: i32) -> GraphOptimizationLevel {
+    match level {
+        -1 => GraphOptimizationLevel::Level1,
+        1 => GraphOptimizationLevel::Level2,
+        2 => GraphOptimizationLevel::Disable,
+        _ => GraphOptimizationLevel::All,
+    }
 }
 
 impl OnnxRuntime {
@@ -67,7 +80,7 @@ impl OnnxRuntime {
         let fail = |e: ort::Error<_>| format!("ONNX Runtime cannot load {}: {e}", path.display());
         let session = Session::builder(&self.env)
             .map_err(|e| format!("cannot create an ONNX Runtime session: {e}"))?
-            .with_optimization_level(GraphOptimizationLevel::All)
+            .with_optimization_level(optimization_level(options.graph_level))
             .map_err(fail)?
             .with_intra_threads(options.intra_op_threads)
             .map_err(fail)?

@@ -17,6 +17,8 @@ pub mod proto {
 
 pub use proto::ModelConfig;
 
+pub mod validate;
+
 /// The file name of a model's configuration inside its folder.
 pub const CONFIG_FILE: &str = "config.pbtxt";
 

@@ -7,16 +7,17 @@ use crate::model::{Model, Runtimes};
 use crate::repository;
 
 /// Checks a repository without serving it: every configuration parses and
-/// every selected version loads (model file, configuration against it,
-/// plugin instantiation). Returns one line per problem, naming the model and
-/// version; empty when all is well.
+/// passes Triton's validation rules (every problem of it listed, even when
+/// the model file is missing), and every selected version loads (model
+/// file, configuration against it, plugin instantiation). Returns one line
+/// per problem, naming the model and version; empty when all is well.
 pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result<Vec<String>, String> {
     let mut problems = Vec::new();
     for dir in repository::scan(repositories)? {
         let config = match model_config(&dir, None, false) {
             Ok(c) => c,
-            Err(reason) => {
-                problems.push(format!("model '{}': {reason}", dir.name));
+            Err(found) => {
+                problems.extend(found.into_iter().map(|problem| format!("model '{}': {problem}", dir.name)));
                 continue;
             }
         };

@@ -189,7 +189,8 @@ impl Core {
         record: &mut ModelRecord,
     ) -> Result<(), LoadError> {
         let name = &dir.name;
-        let config = model_config(dir, config_json, rename).map_err(|reason| self.cannot_load(name, reason))?;
+        let config = model_config(dir, config_json, rename)
+            .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
         for folder in repository::ignored_folders(dir) {
             tracing::info!(model = %name, %folder, "ignoring a folder that is not a version number");
         }
@@ -347,26 +348,32 @@ impl Core {
 
 /// The model's configuration: the JSON override, or `config.pbtxt`. A
 /// configuration's `name` must be its folder's (or empty); with `rename` it
-/// gives way to the folder's.
+/// gives way to the folder's. It must pass Triton's validation rules
+/// (`config::validate`), checked before any model file is looked at.
 ///
 /// # Errors
-/// [`LoadError::Failed`] naming the problem.
-pub(super) fn model_config(dir: &ModelDir, config_json: Option<&str>, rename: bool) -> Result<ModelConfig, LoadError> {
+/// Every problem found, one message each.
+pub(super) fn model_config(
+    dir: &ModelDir,
+    config_json: Option<&str>,
+    rename: bool,
+) -> Result<ModelConfig, Vec<String>> {
     let mut config = match config_json {
         Some(json) => config::parse_json(json)
             .map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}")),
         None => config::load(&dir.path),
     }
-    .map_err(LoadError::Failed)?;
+    .map_err(|e| vec![e])?;
     if rename {
         config.name.clone_from(&dir.name);
     }
-    if config.name.is_empty() || config.name == dir.name {
-        Ok(config)
-    } else {
-        Err(LoadError::Failed(format!(
+    let mut problems = Vec::new();
+    if !config.name.is_empty() && config.name != dir.name {
+        problems.push(format!(
             "the configuration says name '{}' but the model folder is '{}'; they must match",
             config.name, dir.name
-        )))
+        ));
     }
+    problems.extend(config::validate::validate(&config).err().unwrap_or_default());
+    if problems.is_empty() { Ok(config) } else { Err(problems) }
 }

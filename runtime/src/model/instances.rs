@@ -182,6 +182,7 @@ fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOpti
         intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
         inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
         intra_op_spinning: spinning,
+        graph_level: config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level),
     })
 }
 

@@ -1,0 +1,500 @@
+//! Checking a model configuration before any file of the model is looked
+//! at: Triton's validation rules (`core/src/model_config_utils.cc`,
+//! `ValidateModelConfig` and friends: platform and backend, batch sizes,
+//! dims and reshape, priority levels, instance groups, batch inputs and
+//! outputs, ensemble-only fields) and every field Plinth does not act on,
+//! which is refused naming it rather than ignored. Every problem is
+//! reported, not only the first.
+
+use std::collections::HashSet;
+
+use super::proto::model_config::SchedulingChoice;
+use super::proto::model_instance_group::Kind;
+use super::proto::model_queue_policy::TimeoutAction;
+use super::proto::model_version_policy::PolicyChoice;
+use super::proto::{self, ModelConfig, ModelDynamicBatching};
+
+/// The platform of ensemble models.
+pub const ENSEMBLE_PLATFORM: &str = "ensemble";
+
+/// The platforms Plinth serves and their backend names (Triton's pairs).
+const PAIRS: [(&str, &str); 2] = [("onnxruntime_onnx", "onnxruntime"), ("pytorch_libtorch", "pytorch")];
+
+/// Backends of Triton's that Plinth does not ship, by name or platform.
+const NOT_SHIPPED: [&str; 12] = [
+    "tensorrt",
+    "tensorrt_plan",
+    "tensorflow",
+    "tensorflow_graphdef",
+    "tensorflow_savedmodel",
+    "python",
+    "openvino",
+    "fil",
+    "dali",
+    "vllm",
+    "tensorrtllm",
+    "identity",
+];
+
+/// Collects problems, each naming the field.
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn add(&mut self, problem: impl Into<String>) {
+        self.0.push(problem.into());
+    }
+
+    fn check(&mut self, ok: bool, problem: impl FnOnce() -> String) {
+        if !ok {
+            self.add(problem());
+        }
+    }
+
+    /// Refuses `field` of `subject` (e.g. "input 'x': ", or "" for the
+    /// model) when it is `set`.
+    fn refuse(&mut self, set: bool, subject: &str, field: &str, why: &str) {
+        if set {
+            self.add(format!("{subject}'{field}' is set, but {why}; remove it"));
+        }
+    }
+}
+
+/// Checks `config` (of a model whose folder is `name`).
+///
+/// # Errors
+/// Every problem found, one message each, naming the field as Triton's
+/// model configuration does.
+pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
+    let mut p = Problems(Vec::new());
+    platform(config, &mut p);
+    p.check(config.max_batch_size >= 0, || {
+        format!("'max_batch_size' must be 0 or more, got {}", config.max_batch_size)
+    });
+    version_policy(config, &mut p);
+    for (kind, ios) in [("input", io_list(&config.input)), ("output", io_list(&config.output))] {
+        let mut seen = HashSet::new();
+        for io in ios {
+            p.check(seen.insert(io.name), || format!("{kind} '{}' is declared twice", io.name));
+            io_shape(kind, &io, config.max_batch_size, &mut p);
+        }
+    }
+    for input in &config.input {
+        let formatted = input.format != proto::model_input::Format::None as i32;
+        p.check(!formatted || input.dims.len() == 3, || {
+            format!("input '{}': 'format' NHWC and NCHW need 3 dims, got {:?}", input.name, input.dims)
+        });
+        p.refuse(
+            input.is_shape_tensor,
+            &format!("input '{}': ", input.name),
+            "is_shape_tensor",
+            "shape tensors are TensorRT's",
+        );
+        p.refuse(
+            input.is_non_linear_format_io,
+            &format!("input '{}': ", input.name),
+            "is_non_linear_format_io",
+            "non-linear formats are TensorRT's",
+        );
+        p.refuse(
+            input.allow_ragged_batch,
+            &format!("input '{}': ", input.name),
+            "allow_ragged_batch",
+            "Plinth batches only requests of equal shapes",
+        );
+    }
+    for output in &config.output {
+        p.refuse(
+            output.is_shape_tensor,
+            &format!("output '{}': ", output.name),
+            "is_shape_tensor",
+            "shape tensors are TensorRT's",
+        );
+        p.refuse(
+            output.is_non_linear_format_io,
+            &format!("output '{}': ", output.name),
+            "is_non_linear_format_io",
+            "non-linear formats are TensorRT's",
+        );
+    }
+    scheduling(config, &mut p);
+    instance_groups(config, &mut p);
+    optimization(config.optimization.as_ref(), &mut p);
+    unsupported(config, &mut p);
+    if p.0.is_empty() { Ok(()) } else { Err(p.0) }
+}
+
+fn platform(config: &ModelConfig, p: &mut Problems) {
+    let (platform, backend) = (config.platform.as_str(), config.backend.as_str());
+    if let Some(name) = [platform, backend].into_iter().find(|n| NOT_SHIPPED.contains(n)) {
+        p.add(format!(
+            "platform '{platform}' / backend '{backend}': Plinth does not ship Triton's '{name}' backend; it serves \
+             'onnxruntime_onnx', 'pytorch_libtorch', backend 'remote' and 'ensemble'"
+        ));
+        return;
+    }
+    if platform == ENSEMBLE_PLATFORM {
+        p.check(backend.is_empty(), || {
+            format!("an ensemble has platform '{ENSEMBLE_PLATFORM}' and no 'backend', got backend '{backend}'")
+        });
+        return;
+    }
+    let known =
+        |pair: &(&str, &str)| (platform.is_empty() || platform == pair.0) && (backend.is_empty() || backend == pair.1);
+    let fine = (platform.is_empty() && matches!(backend, "" | "remote")) || PAIRS.iter().any(known);
+    p.check(fine, || {
+        format!(
+            "platform '{platform}' / backend '{backend}' is not a pair Plinth serves: 'onnxruntime_onnx' \
+             (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), backend 'remote', or platform \
+             '{ENSEMBLE_PLATFORM}'"
+        )
+    });
+}
+
+fn version_policy(config: &ModelConfig, p: &mut Problems) {
+    match config.version_policy.as_ref().and_then(|v| v.policy_choice.as_ref()) {
+        Some(PolicyChoice::Latest(latest)) => {
+            p.check(latest.num_versions >= 1, || "'version_policy' latest needs 'num_versions' of 1 or more".to_owned())
+        }
+        Some(PolicyChoice::Specific(specific)) => {
+            if let Some(v) = specific.versions.iter().find(|&&v| v < 0) {
+                p.add(format!("'version_policy' specific names version {v}; versions are 0 or more"));
+            }
+        }
+        Some(PolicyChoice::All(_)) | None => {}
+    }
+}
+
+/// An input or output, as the shape rules see it.
+struct Io<'a> {
+    name: &'a str,
+    data_type: i32,
+    dims: &'a [i64],
+    reshape: Option<&'a [i64]>,
+}
+
+fn io_list<T: IoFields>(list: &[T]) -> Vec<Io<'_>> {
+    list.iter().map(IoFields::io).collect()
+}
+
+trait IoFields {
+    fn io(&self) -> Io<'_>;
+}
+
+impl IoFields for proto::ModelInput {
+    fn io(&self) -> Io<'_> {
+        Io {
+            name: &self.name,
+            data_type: self.data_type,
+            dims: &self.dims,
+            reshape: self.reshape.as_ref().map(|r| &r.shape[..]),
+        }
+    }
+}
+
+impl IoFields for proto::ModelOutput {
+    fn io(&self) -> Io<'_> {
+        Io {
+            name: &self.name,
+            data_type: self.data_type,
+            dims: &self.dims,
+            reshape: self.reshape.as_ref().map(|r| &r.shape[..]),
+        }
+    }
+}
+
+/// Triton's `ValidateIOShape`: a name, a data type, dims of sizes 1 or more
+/// (-1 for any size), and a reshape with as many elements, trunk by trunk
+/// between variable dimensions.
+fn io_shape(kind: &str, io: &Io<'_>, max_batch_size: i32, p: &mut Problems) {
+    if io.name.is_empty() {
+        p.add(format!("an {kind} must have a 'name'"));
+        return;
+    }
+    let what = format!("{kind} '{}'", io.name);
+    p.check(
+        io.data_type != proto::DataType::TypeInvalid as i32 && proto::DataType::try_from(io.data_type).is_ok(),
+        || format!("{what} must have a valid 'data_type'"),
+    );
+    p.check(!io.dims.is_empty(), || format!("{what} must have 'dims'"));
+    let sizes_ok = |dims: &[i64]| dims.iter().all(|&d| d >= 1 || d == -1);
+    p.check(sizes_ok(io.dims), || {
+        format!("{what}: every dimension of 'dims' must be 1 or more, or -1 for a variable size, got {:?}", io.dims)
+    });
+    let Some(reshape) = io.reshape else { return };
+    p.check(!(reshape.is_empty() && max_batch_size == 0), || {
+        format!("{what}: an empty 'reshape' needs max_batch_size > 0 (a model without batching has no scalar tensors)")
+    });
+    if !sizes_ok(reshape) {
+        p.add(format!("{what}: every dimension of 'reshape' must be 1 or more, or -1, got {reshape:?}"));
+        return;
+    }
+    let trunks = |dims: &[i64]| -> Vec<i64> { dims.split(|&d| d == -1).map(|trunk| trunk.iter().product()).collect() };
+    // Element counts between variable dimensions; an empty reshape is one
+    // trunk of one element.
+    let (from, to) = (trunks(io.dims), trunks(reshape));
+    if from.len() != to.len() {
+        p.add(format!(
+            "{what}: 'dims' {:?} and 'reshape' {reshape:?} have different numbers of variable-size dimensions",
+            io.dims
+        ));
+    } else if from != to {
+        p.add(format!("{what}: 'dims' {:?} and 'reshape' {reshape:?} hold different numbers of elements", io.dims));
+    }
+}
+
+fn scheduling(config: &ModelConfig, p: &mut Problems) {
+    let ensemble = config.platform == ENSEMBLE_PLATFORM;
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(db)) => dynamic_batching(db, config.max_batch_size, p),
+        Some(SchedulingChoice::SequenceBatching(_)) => {
+            p.add("'sequence_batching' is not supported yet; remove it to serve the model without it")
+        }
+        Some(SchedulingChoice::EnsembleScheduling(_)) if !ensemble => p.add(format!(
+            "'ensemble_scheduling' is set on a model whose platform is '{}'; only platform '{ENSEMBLE_PLATFORM}' has steps",
+            config.platform
+        )),
+        Some(SchedulingChoice::EnsembleScheduling(_)) => {}
+        None if ensemble => {
+            p.add(format!("an ensemble (platform '{ENSEMBLE_PLATFORM}') needs 'ensemble_scheduling' with its steps"))
+        }
+        None => {}
+    }
+}
+
+fn dynamic_batching(db: &ModelDynamicBatching, max_batch_size: i32, p: &mut Problems) {
+    p.check(max_batch_size > 0, || {
+        "'dynamic_batching' needs max_batch_size > 0 (the model must accept a batch dimension)".to_owned()
+    });
+    for &size in &db.preferred_batch_size {
+        p.check((1..=max_batch_size.max(1)).contains(&size) || max_batch_size <= 0, || {
+            format!("'preferred_batch_size' {size} is not within 1..={max_batch_size} (max_batch_size)")
+        });
+    }
+    let levels = db.priority_levels;
+    if levels > 0 {
+        p.check((1..=levels).contains(&db.default_priority_level), || {
+            format!(
+                "'default_priority_level' must be within 1..={levels} (priority_levels), got {}",
+                db.default_priority_level
+            )
+        });
+    } else {
+        p.check(db.default_priority_level == 0, || {
+            format!("'default_priority_level' {} is set, but 'priority_levels' is not", db.default_priority_level)
+        });
+    }
+    for &level in db.priority_queue_policy.keys() {
+        p.check((1..=levels.max(1)).contains(&level) && (levels > 0 || level == 1), || {
+            format!("'priority_queue_policy' names level {level}, outside 1..={levels} (priority_levels)")
+        });
+    }
+    if db.preserve_ordering {
+        p.check(levels <= 1, || "'preserve_ordering' allows only one priority level ('priority_levels')".to_owned());
+        let delays = |q: &proto::ModelQueuePolicy| {
+            q.default_timeout_microseconds != 0 && q.timeout_action == TimeoutAction::Delay as i32
+        };
+        let any_delay =
+            db.default_queue_policy.as_ref().is_some_and(delays) || db.priority_queue_policy.values().any(delays);
+        p.check(!any_delay, || {
+            "a queue policy with timeout_action DELAY cannot be used with 'preserve_ordering'".to_owned()
+        });
+    }
+}
+
+fn instance_groups(config: &ModelConfig, p: &mut Problems) {
+    if config.platform == ENSEMBLE_PLATFORM {
+        p.check(config.instance_group.is_empty(), || {
+            "an ensemble runs its steps' instances: 'instance_group' is for the models it calls".to_owned()
+        });
+        return;
+    }
+    for (i, group) in config.instance_group.iter().enumerate() {
+        let name = if group.name.is_empty() { format!("#{i}") } else { format!("'{}'", group.name) };
+        p.check(group.count >= 0, || {
+            format!("instance_group {name}: 'count' must be 0 (one) or more, got {}", group.count)
+        });
+        let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
+        p.check(!matches!(kind, Kind::Cpu | Kind::Model) || group.gpus.is_empty(), || {
+            format!("instance_group {name} has kind {} but lists 'gpus' {:?}", kind.as_str_name(), group.gpus)
+        });
+        if let Some(gpu) = group.gpus.iter().find(|&&g| g < 0) {
+            p.add(format!("instance_group {name}: gpu id {gpu} is not a device index"));
+        }
+        p.refuse(!group.profile.is_empty(), &format!("instance_group {name}: "), "profile", "profiles are TensorRT's");
+        p.refuse(
+            group.rate_limiter.is_some(),
+            &format!("instance_group {name}: "),
+            "rate_limiter",
+            "Plinth has no rate limiter",
+        );
+        p.refuse(
+            !group.secondary_devices.is_empty(),
+            &format!("instance_group {name}: "),
+            "secondary_devices",
+            "Plinth places instances on one device",
+        );
+        p.refuse(group.passive, &format!("instance_group {name}: "), "passive", "every instance Plinth loads serves");
+        p.refuse(
+            !group.host_policy.is_empty(),
+            &format!("instance_group {name}: "),
+            "host_policy",
+            "Plinth has no host policies",
+        );
+    }
+}
+
+fn optimization(o: Option<&proto::ModelOptimizationPolicy>, p: &mut Problems) {
+    let Some(o) = o else { return };
+    if let Some(graph) = &o.graph {
+        p.check(matches!(graph.level, -1..=2), || {
+            format!(
+                "'optimization.graph.level' must be -1 (basic), 0 (all), 1 (extended) or 2 (none), got {}",
+                graph.level
+            )
+        });
+    }
+    p.refuse(o.priority != 0, "", "optimization.priority", "Plinth sets no execution priority");
+    p.refuse(o.cuda.is_some(), "", "optimization.cuda", "Plinth runs no CUDA graphs or streams of its own");
+    p.refuse(
+        o.execution_accelerators.is_some(),
+        "",
+        "optimization.execution_accelerators",
+        "ONNX Runtime runs with its CPU execution provider here",
+    );
+    p.refuse(
+        o.input_pinned_memory.is_some(),
+        "",
+        "optimization.input_pinned_memory",
+        "Plinth copies no inputs to a GPU",
+    );
+    p.refuse(
+        o.output_pinned_memory.is_some(),
+        "",
+        "optimization.output_pinned_memory",
+        "Plinth copies no outputs from a GPU",
+    );
+    p.refuse(
+        o.gather_kernel_buffer_threshold != 0,
+        "",
+        "optimization.gather_kernel_buffer_threshold",
+        "it is TensorRT's",
+    );
+    p.refuse(o.eager_batching, "", "optimization.eager_batching", "it is TensorRT's");
+}
+
+/// Fields Plinth does not act on.
+fn unsupported(config: &ModelConfig, p: &mut Problems) {
+    p.refuse(!config.runtime.is_empty(), "", "runtime", "Plinth's backends are built in");
+    p.refuse(!config.batch_input.is_empty(), "", "batch_input", "Plinth does not synthesise batch inputs");
+    p.refuse(!config.batch_output.is_empty(), "", "batch_output", "Plinth does not scatter batch outputs");
+    p.refuse(
+        !config.cc_model_filenames.is_empty(),
+        "",
+        "cc_model_filenames",
+        "Plinth picks no file by compute capability",
+    );
+    p.refuse(
+        !config.metric_tags.is_empty(),
+        "",
+        "metric_tags",
+        "Plinth's metrics carry the model and version labels only",
+    );
+    p.refuse(config.model_operations.is_some(), "", "model_operations", "Plinth loads no custom operator libraries");
+    p.refuse(
+        config.model_repository_agents.is_some(),
+        "",
+        "model_repository_agents",
+        "Plinth has no repository agents",
+    );
+    p.refuse(config.model_metrics.is_some(), "", "model_metrics", "Plinth's metric families are fixed");
+    p.refuse(
+        config.model_transaction_policy.as_ref().is_some_and(|t| t.decoupled),
+        "",
+        "model_transaction_policy.decoupled",
+        "Plinth answers each request exactly once",
+    );
+    p.refuse(
+        config.response_cache.as_ref().is_some_and(|c| c.enable),
+        "",
+        "response_cache.enable",
+        "Plinth has no response cache yet",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<String> {
+        validate(&crate::config::parse(text).unwrap()).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_good_configuration_has_no_problems() {
+        let ok = r#"
+            platform: "onnxruntime_onnx" max_batch_size: 8
+            input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, 4, -1, 6 ] reshape: { shape: [ 8, -1, 1, 6 ] } } ]
+            output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
+            dynamic_batching { preferred_batch_size: [ 4, 8 ] priority_levels: 2 default_priority_level: 2 }
+            instance_group [ { count: 2 kind: KIND_CPU } ]
+            optimization { graph { level: 1 } }"#;
+        assert_eq!(problems(ok), Vec::<String>::new());
+    }
+
+    #[test]
+    fn every_problem_is_reported_naming_its_field() {
+        let bad = r#"
+            platform: "onnxruntime_onnx" backend: "pytorch" max_batch_size: 2
+            input [ { name: "x" data_type: TYPE_FP32 dims: [ 4, 0 ] },
+                    { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3 ] } } ]
+            output [ { name: "y" dims: [ ] is_shape_tensor: true } ]
+            dynamic_batching { preferred_batch_size: [ 4 ] priority_levels: 2 default_priority_level: 3
+                               preserve_ordering: true }
+            instance_group [ { kind: KIND_CPU gpus: [ 0 ] rate_limiter { priority: 1 } } ]
+            optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
+            batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 source_input: "x" } ]
+            model_transaction_policy { decoupled: true }"#;
+        let found = problems(bad);
+        for expected in [
+            "platform 'onnxruntime_onnx' / backend 'pytorch' is not a pair Plinth serves",
+            "input 'x' is declared twice",
+            "input 'x': every dimension of 'dims' must be 1 or more, or -1 for a variable size, got [4, 0]",
+            "input 'x': 'dims' [4] and 'reshape' [3] hold different numbers of elements",
+            "output 'y' must have a valid 'data_type'",
+            "output 'y' must have 'dims'",
+            "output 'y': 'is_shape_tensor' is set, but shape tensors are TensorRT's; remove it",
+            "'preferred_batch_size' 4 is not within 1..=2 (max_batch_size)",
+            "'default_priority_level' must be within 1..=2 (priority_levels), got 3",
+            "'preserve_ordering' allows only one priority level",
+            "instance_group #0 has kind KIND_CPU but lists 'gpus' [0]",
+            "instance_group #0: 'rate_limiter' is set, but Plinth has no rate limiter; remove it",
+            "'optimization.execution_accelerators' is set",
+            "'batch_input' is set",
+            "'model_transaction_policy.decoupled' is set",
+        ] {
+            assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
+        }
+    }
+
+    #[test]
+    fn the_example_repository_is_valid() {
+        let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model_repository");
+        for entry in std::fs::read_dir(&repository).unwrap() {
+            let folder = entry.unwrap().path();
+            let config = crate::config::load(&folder).unwrap();
+            assert_eq!(validate(&config), Ok(()), "{}", folder.display());
+        }
+    }
+
+    #[test]
+    fn backends_plinth_does_not_ship_are_named() {
+        let found = problems(r#"backend: "python""#);
+        assert!(found[0].contains("Plinth does not ship Triton's 'python' backend"), "{found:?}");
+        let ensemble = problems(r#"platform: "ensemble" backend: "onnxruntime""#);
+        assert!(
+            ensemble.iter().any(|f| f.contains("an ensemble has platform 'ensemble' and no 'backend'")),
+            "{ensemble:?}"
+        );
+        assert!(ensemble.iter().any(|f| f.contains("needs 'ensemble_scheduling'")), "{ensemble:?}");
+    }
+}
