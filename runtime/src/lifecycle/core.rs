@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::LoadLimits;
 use super::loader::Loader;
+use super::request::LoadRequest;
 use crate::config::{self, ModelConfig};
 use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
@@ -40,6 +41,9 @@ pub(super) struct ModelRecord {
     pub(super) failure: Option<LoadError>,
     /// Each READY version's origin and measured footprint in bytes.
     loaded: BTreeMap<u64, (LoadKey, u64)>,
+    /// The folder the last load's `file:` parameters made, kept while a
+    /// version loaded from it may serve.
+    staged: Option<tempfile::TempDir>,
 }
 
 impl ModelRecord {
@@ -134,29 +138,40 @@ impl Core {
     }
 
     /// Loads `name` (the versions its policy selects), or reloads what
-    /// changed; `config_json` overrides `config.pbtxt`. The model counts for
+    /// changed. The request's `config` overrides `config.pbtxt`; its files,
+    /// when it has any, are the model folder instead of the repository's
+    /// (the model need not be in a repository then). The model counts for
     /// readiness from now on.
     ///
     /// # Errors
-    /// [`LoadError::Invalid`] when there is no such model folder; otherwise
-    /// as [`Core::load_locked`], with every failure's reason. Versions
-    /// serving before keep serving.
-    pub(super) async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), LoadError> {
+    /// [`LoadError::Invalid`] when there is no such model folder, or the
+    /// files are malformed; otherwise as [`Core::load_locked`], with every
+    /// failure's reason. Versions serving before keep serving.
+    pub(super) async fn load(&self, name: &str, request: LoadRequest) -> Result<(), LoadError> {
+        let staged = if repository::is_model_name(name) { request.stage(name)? } else { None };
         // A name with no folder leaves no trace: a typo in a load request
         // must not make the server unready.
-        let dir = self.find(name).ok_or_else(|| {
-            let reason = if repository::is_model_name(name) {
-                format!("no model folder '{name}' in the model repositories")
-            } else {
-                format!("'{name}' is not a model name (one folder name: no '/', not empty, '.' or '..')")
-            };
-            tracing::error!(model = %name, "cannot load: {reason}");
-            LoadError::Invalid(reason)
-        })?;
+        let dir = match &staged {
+            Some((dir, _)) => dir.clone(),
+            None => self.find(name).ok_or_else(|| {
+                let reason = if repository::is_model_name(name) {
+                    format!("no model folder '{name}' in the model repositories")
+                } else {
+                    format!("'{name}' is not a model name (one folder name: no '/', not empty, '.' or '..')")
+                };
+                tracing::error!(model = %name, "cannot load: {reason}");
+                LoadError::Invalid(reason)
+            })?,
+        };
         let record = self.record(name);
         let mut record = record.lock().await;
         let options = LoadOptions { wanted: true, rename: false };
-        self.load_locked(&dir, config_json, options, &mut record).await
+        let result = self.load_locked(&dir, request.config, options, &mut record).await;
+        // The last folder that loaded stays while its versions may serve.
+        if let (Some((_, folder)), Ok(())) = (staged, &result) {
+            record.staged = Some(folder);
+        }
+        result
     }
 
     /// Loads `dir` with its record held.

@@ -24,6 +24,7 @@ mod loader;
 mod modelmesh;
 mod on_demand;
 mod poll;
+mod request;
 mod runner;
 mod startup;
 #[cfg(test)]
@@ -35,6 +36,7 @@ pub use self::core::PINNED_PARAMETER;
 pub use check::check_repository;
 pub use loader::{Loader, RuntimeLoader};
 pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
+pub use request::{FILE_PREFIX, LoadRequest};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -203,17 +205,17 @@ impl Lifecycle {
     }
 
     /// Loads `name` (the versions its policy selects), or reloads what
-    /// changed (the repository extension's `load`). `config_json` overrides
-    /// `config.pbtxt` with a JSON model configuration.
+    /// changed (the repository extension's `load`), with the request's
+    /// `config` override and `file:` files, if any.
     ///
     /// # Errors
-    /// [`LoadError::Invalid`] in a mode without explicit loads, or for no
-    /// such model folder; [`LoadError::Failed`] or [`LoadError::NoRoom`]
-    /// with every failure's reason. Each message starts `failed to load
-    /// 'NAME'`. Versions serving before keep serving.
-    pub async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), LoadError> {
+    /// [`LoadError::Invalid`] in a mode without explicit loads, for no such
+    /// model folder, or malformed files; [`LoadError::Failed`] or
+    /// [`LoadError::NoRoom`] with every failure's reason. Each message
+    /// starts `failed to load 'NAME'`. Versions serving before keep serving.
+    pub async fn load(&self, name: &str, request: LoadRequest) -> Result<(), LoadError> {
         self.explicit_mode()?;
-        self.core.load(name, config_json).await.map_err(|e| e.map_message(|m| format!("failed to load '{name}': {m}")))
+        self.core.load(name, request).await.map_err(|e| e.map_message(|m| format!("failed to load '{name}': {m}")))
     }
 
     /// Unloads every version of `name` (the repository extension's

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::core::Core;
+use super::request::LoadRequest;
 use super::startup;
 use crate::repository::ModelFiles;
 
@@ -59,7 +60,7 @@ impl Poll {
             let changed = record.lock().await.attempted.as_ref().is_none_or(|(tried, _)| *tried != files);
             if changed {
                 tracing::info!(model = %name, "poll: files changed");
-                let _ = core.load(&name, None).await;
+                let _ = core.load(&name, LoadRequest::default()).await;
             }
         }
         for name in gone {

@@ -3,6 +3,7 @@
 //! after which the repository API's load and unload decide.
 
 use super::core::Core;
+use super::request::LoadRequest;
 use crate::repository::ModelDir;
 
 /// Loads every model of the repositories; returns their folders.
@@ -13,7 +14,7 @@ pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, String> {
     let dirs = core.scan()?;
     for dir in &dirs {
         // Errors are in the log and the index already.
-        let _ = core.load(&dir.name, None).await;
+        let _ = core.load(&dir.name, LoadRequest::default()).await;
     }
     Ok(dirs)
 }
@@ -41,7 +42,7 @@ pub(super) async fn start(
     }
     before_loading(&wanted);
     for name in &wanted {
-        let _ = core.load(name, None).await;
+        let _ = core.load(name, LoadRequest::default()).await;
     }
     Ok(())
 }

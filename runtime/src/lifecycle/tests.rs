@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::testing::{FAKE_BYTES, Repository, index, lifecycle};
-use super::{ControlMode, Source};
+use super::{ControlMode, LoadRequest, Source};
 use crate::backend::fake::{Doubler, Gate};
 use crate::error::{Error, LoadError};
 use crate::plugin::ModelRunner;
@@ -27,7 +27,7 @@ async fn none_loads_every_model_at_start_and_refuses_the_repository_api() {
     lifecycle.start(&[]).await.unwrap();
     assert_eq!(index(&lifecycle), [row("a", "1", "READY", ""), row("b", "1", "READY", ""), row("b", "2", "READY", "")]);
     assert_eq!(loader.count(), 3);
-    let refused = lifecycle.load("a", None).await.unwrap_err();
+    let refused = lifecycle.load("a", LoadRequest::default()).await.unwrap_err();
     assert_eq!(
         refused,
         LoadError::Invalid(
@@ -56,18 +56,18 @@ async fn explicit_loads_the_named_models_and_then_what_the_api_says() {
         ]
     );
 
-    lifecycle.load("b", None).await.unwrap();
-    lifecycle.load("b", None).await.unwrap();
+    lifecycle.load("b", LoadRequest::default()).await.unwrap();
+    lifecycle.load("b", LoadRequest::default()).await.unwrap();
     assert_eq!(loader.count(), 2, "an unchanged model is not loaded again");
-    let failed = lifecycle.load("broken", None).await.unwrap_err();
+    let failed = lifecycle.load("broken", LoadRequest::default()).await.unwrap_err();
     assert_eq!(failed, LoadError::Failed("failed to load 'broken': version 1: no weights".into()));
     assert_eq!(index(&lifecycle)[2], row("broken", "1", "UNAVAILABLE", "no weights"));
-    let missing = lifecycle.load("zzz", None).await.unwrap_err();
+    let missing = lifecycle.load("zzz", LoadRequest::default()).await.unwrap_err();
     assert_eq!(
         missing,
         LoadError::Invalid("failed to load 'zzz': no model folder 'zzz' in the model repositories".into())
     );
-    let escape = lifecycle.load("../a", None).await.unwrap_err().to_string();
+    let escape = lifecycle.load("../a", LoadRequest::default()).await.unwrap_err().to_string();
     assert!(escape.contains("'../a' is not a model name"), "{escape}");
 
     lifecycle.unload("a").await.unwrap();
@@ -77,9 +77,29 @@ async fn explicit_loads_the_named_models_and_then_what_the_api_says() {
     assert_eq!(lifecycle.unload("zzz").await, Err(Error::NotFound("unknown model 'zzz'".into())));
 
     // The load API's configuration override reloads the model under it.
-    lifecycle.load("b", Some(r#"{"max_batch_size": 4}"#.into())).await.unwrap();
+    lifecycle.load("b", LoadRequest::config(Some(r#"{"max_batch_size": 4}"#.into()))).await.unwrap();
     assert_eq!(lifecycle.resolve("b", None).await.unwrap().config.max_batch_size, 4);
     assert_eq!(loader.count(), 4);
+}
+
+#[tokio::test]
+async fn a_load_may_bring_the_model_folder_with_it() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "");
+    let (lifecycle, loader) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    let mut request = LoadRequest::config(Some(r#"{"max_batch_size": 2}"#.into()));
+    request.files.insert("3/model.onnx".into(), b"weights".to_vec());
+    lifecycle.load("in_memory", request.clone()).await.unwrap();
+    assert_eq!(index(&lifecycle).last().unwrap(), &row("in_memory", "3", "READY", ""), "no repository folder needed");
+    lifecycle.load("a", request).await.unwrap();
+    let a = lifecycle.resolve("a", None).await.unwrap();
+    assert_eq!((a.version, a.config.max_batch_size), (3, 2), "the files replace the repository's folder");
+    assert_eq!(loader.loads.lock().unwrap().last().unwrap(), &("a".to_owned(), 3));
+    let mut no_config = LoadRequest::default();
+    no_config.files.insert("1/model.onnx".into(), vec![]);
+    let refused = lifecycle.load("a", no_config).await.unwrap_err();
+    assert!(matches!(&refused, LoadError::Invalid(m) if m.contains("need the 'config' parameter too")), "{refused:?}");
 }
 
 #[tokio::test]
@@ -174,7 +194,14 @@ async fn modelmesh_loads_from_the_path_it_is_given_under_its_id() {
     mesh.unload("mm-1").await;
     assert_eq!(index(&lifecycle), [], "an unloaded id leaves no trace");
     assert_eq!(mesh.model_size("mm-1"), None);
-    assert!(lifecycle.load("mm-1", None).await.unwrap_err().to_string().contains("ModelMesh loads and unloads"));
+    assert!(
+        lifecycle
+            .load("mm-1", LoadRequest::default())
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("ModelMesh loads and unloads")
+    );
 }
 
 #[tokio::test]

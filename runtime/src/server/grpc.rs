@@ -12,6 +12,7 @@ use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::config::proto::infer_parameter::ParameterChoice;
 use crate::error::Error;
+use crate::lifecycle::{FILE_PREFIX, LoadRequest};
 use crate::metrics::{ModelStatistics, Total};
 use crate::model::OutputRequest;
 use crate::scheduler::policy::RequestOptions;
@@ -158,16 +159,29 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<pb::RepositoryModelLoadResponse> {
         use pb::model_repository_parameter::ParameterChoice as P;
         let r = request.into_inner();
-        let config = match r.parameters.get("config").and_then(|p| p.parameter_choice.as_ref()) {
-            None => None,
-            Some(P::StringParam(json)) => Some(json.clone()),
-            Some(_) => {
-                return Err(Status::invalid_argument(
-                    "parameter 'config' must be a string holding a JSON model configuration",
-                ));
+        let mut load = LoadRequest::default();
+        for (key, value) in r.parameters {
+            match (key.as_str(), value.parameter_choice) {
+                ("config", Some(P::StringParam(json))) => load.config = Some(json),
+                ("config", _) => {
+                    return Err(Status::invalid_argument(
+                        "parameter 'config' must be a string holding a JSON model configuration",
+                    ));
+                }
+                (file, Some(P::BytesParam(bytes))) if file.starts_with(FILE_PREFIX) => {
+                    load.files.insert(file[FILE_PREFIX.len()..].to_owned(), bytes);
+                }
+                (file, _) if file.starts_with(FILE_PREFIX) => {
+                    return Err(Status::invalid_argument(format!("parameter '{file}' must be a bytes_param")));
+                }
+                (other, _) => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown load parameter '{other}'; a load takes 'config' and '{FILE_PREFIX}<version>/<name>'"
+                    )));
+                }
             }
-        };
-        self.service.load(&r.model_name, config).await?;
+        }
+        self.service.load(&r.model_name, load).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::error::Error;
+use crate::lifecycle::{FILE_PREFIX, LoadRequest};
 use crate::model::{Model, OutputRequest};
 use crate::plugin::RawRequest;
 use crate::protocol::binary::{self, HEADER_LENGTH};
@@ -280,8 +281,10 @@ pub async fn repository_index(
 }
 
 /// `POST /v2/repository/models/{m}/load` (explicit mode): loads the model,
-/// or reloads what changed; an optional body `{"parameters": {"config":
-/// "<JSON model configuration>"}}` overrides `config.pbtxt`. 200 once every
+/// or reloads what changed. The optional body's `parameters` may hold
+/// `config` (a JSON model configuration, as a string or an object) used
+/// instead of `config.pbtxt`, and `file:<version>/<name>` entries (base64)
+/// that make up the model folder instead of the repository's. 200 once every
 /// selected version is READY; 400 with every failure's reason otherwise
 /// (versions that were serving keep serving).
 pub async fn load_model(
@@ -290,24 +293,50 @@ pub async fn load_model(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let body = body.map_err(|e| rejected_body(&service, e))?;
-    let config = if body.is_empty() {
-        None
-    } else {
-        let request: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("malformed load request JSON: {e}")))?;
-        match request.pointer("/parameters/config") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(object @ serde_json::Value::Object(_)) => Some(object.to_string()),
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "parameter 'config' must be a JSON model configuration, got {other}"
-                )));
-            }
-        }
-    };
-    service.load(&name, config).await?;
+    let request = if body.is_empty() { LoadRequest::default() } else { load_request(&body)? };
+    service.load(&name, request).await?;
     Ok(Json(serde_json::json!({})))
+}
+
+/// Reads a load request's parameters; any other parameter is refused.
+fn load_request(body: &[u8]) -> Result<LoadRequest, ApiError> {
+    use base64::Engine;
+    use serde_json::Value;
+    let request: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed load request JSON: {e}")))?;
+    let mut load = LoadRequest::default();
+    let parameters = match request.get("parameters") {
+        None | Some(Value::Null) => return Ok(load),
+        Some(Value::Object(parameters)) => parameters,
+        Some(other) => return Err(ApiError::bad_request(format!("'parameters' must be an object, got {other}"))),
+    };
+    for (key, value) in parameters {
+        if key == "config" {
+            load.config = match value {
+                Value::Null => None,
+                Value::String(s) => Some(s.clone()),
+                object @ Value::Object(_) => Some(object.to_string()),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "parameter 'config' must be a JSON model configuration, got {other}"
+                    )));
+                }
+            };
+        } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
+            let bytes = value
+                .as_str()
+                .and_then(|text| base64::engine::general_purpose::STANDARD.decode(text).ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("parameter '{key}' must be the file's content in base64"))
+                })?;
+            load.files.insert(path.to_owned(), bytes);
+        } else {
+            return Err(ApiError::bad_request(format!(
+                "unknown load parameter '{key}'; a load takes 'config' and '{FILE_PREFIX}<version>/<name>'"
+            )));
+        }
+    }
+    Ok(load)
 }
 
 /// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::config::ModelConfig;
 use crate::error::Error;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, LoadRequest};
 use crate::metrics::ModelStatistics;
 use crate::model::{Model, OutputRequest, PredictTiming};
 use crate::plugin::{RawRequest, RawResponse};
@@ -187,13 +187,13 @@ impl Service {
     }
 
     /// The repository extension's `load`: loads the model, or reloads what
-    /// changed; `config_json` overrides `config.pbtxt`.
+    /// changed, with the request's `config` and `file:` overrides.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] with every failure's reason, or when the
     /// control mode has no explicit loads.
-    pub async fn load(&self, name: &str, config_json: Option<String>) -> Result<(), Error> {
-        Ok(self.lifecycle.load(name, config_json).await?)
+    pub async fn load(&self, name: &str, request: LoadRequest) -> Result<(), Error> {
+        Ok(self.lifecycle.load(name, request).await?)
     }
 
     /// The repository extension's `unload`.

@@ -145,6 +145,31 @@ async fn load_and_unload_follow_the_control_mode() {
     let (status, body) = call(&service, "POST", "/v2/repository/models/zzz/load", "").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body, error("failed to load 'zzz': no model folder 'zzz' in the model repositories"));
+
+    // Load from memory: the files in base64 (b"weights"), with a config.
+    let files = r#"{"parameters": {"config": {"max_batch_size": 4}, "file:5/model.onnx": "d2VpZ2h0cw=="}}"#;
+    assert_eq!(call(&service, "POST", "/v2/repository/models/new/load", files).await, (StatusCode::OK, json!({})));
+    let (_, metadata) = call(&service, "GET", "/v2/models/new", "").await;
+    assert_eq!(metadata["versions"], json!(["5"]));
+    let cases = [
+        (
+            r#"{"parameters": {"file:1/model.onnx": "%%%"}}"#,
+            "parameter 'file:1/model.onnx' must be the file's content in base64",
+        ),
+        (
+            r#"{"parameters": {"filename": "x"}}"#,
+            "unknown load parameter 'filename'; a load takes 'config' and 'file:<version>/<name>'",
+        ),
+        (
+            r#"{"parameters": {"file:1/model.onnx": ""}}"#,
+            "failed to load 'new': 'file:' parameters need the 'config' parameter too",
+        ),
+    ];
+    for (body, message) in cases {
+        let (status, answer) = call(&service, "POST", "/v2/repository/models/new/load", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(answer["error"].as_str().unwrap().starts_with(message), "{body}: {answer}");
+    }
 }
 
 #[tokio::test]
