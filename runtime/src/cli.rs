@@ -5,12 +5,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use crate::lifecycle::{ControlMode, LoadLimits};
 use crate::plugin::PluginLimits;
 use crate::residency::Budget;
 use crate::server::ServeOptions;
+pub use crate::server::logging::LogFormat;
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
 #[derive(Debug, Parser)]
@@ -200,19 +201,6 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-/// `--log-format` values: Triton's `default` and `ISO8601` (both print an
-/// ISO 8601 timestamp here), and `json` lines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Default,
-    /// Human-readable lines (Triton's name; timestamps are ISO 8601 anyway).
-    #[value(name = "ISO8601", alias = "iso8601")]
-    Iso8601,
-    /// One JSON object per line.
-    Json,
-}
-
 fn parse_bytes(s: &str) -> Result<usize, String> {
     let size: bytesize::ByteSize = s.parse().map_err(|e| format!("'{s}' is not a size such as 256MiB: {e}"))?;
     usize::try_from(size.as_u64()).map_err(|_| format!("'{s}' is too large"))
@@ -310,22 +298,4 @@ fn default_cache_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("plinth").join("plugins"))
-}
-
-/// Sets up logging as `--log-verbose` and `--log-format` ask; `RUST_LOG`,
-/// when set, overrides the level.
-pub fn init_logging(verbose: u8, format: LogFormat) {
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,plinth={level}")));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match format {
-        LogFormat::Default | LogFormat::Iso8601 => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

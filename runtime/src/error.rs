@@ -28,6 +28,10 @@ pub enum Error {
     /// A failure on the server's side (HTTP 500).
     #[error("{0}")]
     Internal(String),
+    /// A protocol feature Plinth does not implement (HTTP 501, gRPC
+    /// UNIMPLEMENTED).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Why a model (or one of its versions) did not load. The message names the

@@ -3,14 +3,17 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use plinth::cli::{CheckArgs, Cli, Command, LogFormat, PluginCommand, init_logging};
+use std::sync::Arc;
+
+use plinth::cli::{CheckArgs, Cli, Command, LogFormat, PluginCommand};
+use plinth::server::logging::Logging;
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => {
-            init_logging(args.log_verbose, args.log_format);
+            let logging = Arc::new(Logging::init(args.log_verbose, args.log_format));
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            let result = args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts)));
+            let result = args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts, logging)));
             // Blocking tasks still running (a plugin call) are not waited for.
             runtime.shutdown_background();
             finish(result)
@@ -23,7 +26,7 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Check { file }) => finish(check_plugin(&file)),
         Command::Health { url, live } => finish(health(&url, live)),
         Command::Check(args) => {
-            init_logging(0, LogFormat::Default);
+            let _ = Logging::init(0, LogFormat::Default);
             match check(&args) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,

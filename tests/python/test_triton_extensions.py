@@ -179,3 +179,39 @@ def test_unknown_models_and_versions_say_so_as_triton_does(server):
         with pytest.raises(InferenceServerException) as failure:
             grpc_client.infer(model, [grpc_input(x)], model_version=version)
         assert failure.value.message() == message
+
+
+def test_log_settings_change_the_log_and_refuse_what_plinth_cannot_do(server):
+    http = httpclient.InferenceServerClient(url=server.url)
+    grpc_client = grpcclient.InferenceServerClient(url=server.grpc_url)
+    assert http.get_log_settings() == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                                      "log_verbose_level": 0, "log_format": "default"}
+    assert http.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+    # The new level is in force: a debug line for each request.
+    grpc_client.infer("cls", [grpc_input(rows(14))])
+    server.wait_for_log("infer: accepted")
+    settings = grpc_client.get_log_settings(as_json=True)["settings"]
+    assert settings["log_verbose_level"] == {"uint32_param": 1}, settings
+    grpc_client.update_log_settings({"log_verbose_level": 0})
+    assert http.get_log_settings()["log_verbose_level"] == 0
+    for update, message in [({"log_file": "/tmp/x.log"}, "cannot be set: Plinth logs to stderr"),
+                            ({"log_format": "ISO8601"}, "cannot change while serving"),
+                            ({"log_warning": False}, "log levels nest"),
+                            ({"log_colour": True}, "unknown log setting 'log_colour'")]:
+        with pytest.raises(InferenceServerException) as failure:
+            http.update_log_settings(update)
+        assert message in failure.value.message(), update
+    assert http.get_log_settings()["log_verbose_level"] == 0, "a refused update changes nothing"
+
+
+def test_trace_settings_are_refused_and_metadata_lists_what_is_implemented(server):
+    status, answer = post(server, "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]})
+    assert status == 501 and "Plinth does not trace requests yet" in answer["error"], answer
+    grpc_client = grpcclient.InferenceServerClient(url=server.grpc_url)
+    with pytest.raises(InferenceServerException) as failure:
+        grpc_client.get_trace_settings(model_name="cls")
+    assert "StatusCode.UNIMPLEMENTED" in str(failure.value.status())
+    assert "for model 'cls'" in failure.value.message()
+    extensions = httpclient.InferenceServerClient(url=server.url).get_server_metadata()["extensions"]
+    assert extensions == ["binary_tensor_data", "classification", "logging", "model_configuration",
+                          "model_repository", "schedule_policy", "statistics"]

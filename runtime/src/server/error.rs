@@ -43,6 +43,7 @@ impl From<Error> for ApiError {
             Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         };
         let retry_after_secs = matches!(e, Error::Overloaded(_)).then_some(OVERLOAD_RETRY_AFTER_SECS);
         ApiError { status, message: e.to_string(), retry_after_secs }

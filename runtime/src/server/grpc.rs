@@ -35,6 +35,7 @@ impl From<Error> for Status {
             // gRPC's HTTP mapping turns 502 into UNAVAILABLE too.
             Error::Unavailable(_) | Error::Overloaded(_) | Error::BadGateway(_) => Status::unavailable(message),
             Error::Internal(_) => Status::internal(message),
+            Error::Unsupported(_) => Status::unimplemented(message),
         }
     }
 }
@@ -191,6 +192,49 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<pb::RepositoryModelUnloadResponse> {
         self.service.unload(&request.into_inner().model_name).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {
+        let r = request.into_inner();
+        self.service.trace_settings((!r.model_name.is_empty()).then_some(r.model_name.as_str()))?;
+        Ok(Response::new(pb::TraceSettingResponse::default()))
+    }
+
+    async fn log_settings(&self, request: Request<pb::LogSettingsRequest>) -> Answer<pb::LogSettingsResponse> {
+        use pb::log_settings_request::setting_value::ParameterChoice as P;
+        let update: serde_json::Map<String, serde_json::Value> = request
+            .into_inner()
+            .settings
+            .into_iter()
+            .map(|(key, value)| {
+                let value = match value.parameter_choice {
+                    Some(P::BoolParam(b)) => serde_json::Value::Bool(b),
+                    Some(P::Uint32Param(n)) => n.into(),
+                    Some(P::StringParam(s)) => serde_json::Value::String(s),
+                    None => serde_json::Value::Null,
+                };
+                (key, value)
+            })
+            .collect();
+        let settings =
+            if update.is_empty() { self.service.log_settings()? } else { self.service.update_log_settings(&update)? };
+        Ok(Response::new(log_settings_response(settings)))
+    }
+}
+
+/// The log settings as the gRPC `LogSettingsResponse` carries them.
+fn log_settings_response(settings: serde_json::Value) -> pb::LogSettingsResponse {
+    use pb::log_settings_response::SettingValue;
+    use pb::log_settings_response::setting_value::ParameterChoice as P;
+    let value = |v: &serde_json::Value| match v {
+        serde_json::Value::Bool(b) => Some(P::BoolParam(*b)),
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).map(P::Uint32Param),
+        serde_json::Value::String(s) => Some(P::StringParam(s.clone())),
+        _ => None,
+    };
+    let settings = settings.as_object().into_iter().flatten();
+    pb::LogSettingsResponse {
+        settings: settings.map(|(k, v)| (k.clone(), SettingValue { parameter_choice: value(v) })).collect(),
     }
 }
 

@@ -8,6 +8,7 @@ mod error;
 mod grpc;
 pub mod http;
 mod listeners;
+pub mod logging;
 mod modelmesh;
 mod routes;
 pub mod service;
@@ -80,8 +81,10 @@ pub struct ServeOptions {
 /// A message when ONNX Runtime or wasmtime cannot start, a repository is
 /// not a folder, modelmesh mode has no ONNX Runtime, or an address cannot
 /// be bound.
-pub async fn serve(opts: ServeOptions) -> Result<(), String> {
-    let service = Arc::new(start_service(&opts)?);
+pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result<(), String> {
+    let mut service = start_service(&opts)?;
+    service.logging = Some(logging);
+    let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));
     shutdown::signalled().await;

@@ -349,6 +349,36 @@ pub async fn unload_model(
     Ok(Json(serde_json::json!({})))
 }
 
+/// `GET /v2/logging`: the log settings (Triton's logging extension).
+pub async fn log_settings(State(service): State<Arc<Service>>) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(service.log_settings()?))
+}
+
+/// `POST /v2/logging`: changes the settings the body names; answers with
+/// all of them.
+pub async fn update_log_settings(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let body = body.map_err(|e| rejected_body(&service, e))?;
+    let update: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the log settings must be a JSON object: {e}")))?;
+    Ok(Json(service.update_log_settings(&update)?))
+}
+
+/// `GET`/`POST /v2/trace/setting`: refused, there is no tracing yet.
+pub async fn trace_settings(State(service): State<Arc<Service>>) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(service.trace_settings(None)?))
+}
+
+/// `GET`/`POST /v2/models/{m}/trace/setting`: refused, as the global one.
+pub async fn model_trace_settings(
+    State(service): State<Arc<Service>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    Ok(Json(service.trace_settings(Some(&name))?))
+}
+
 /// Any other path.
 pub async fn unknown_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "unknown route; see the KServe v2 protocol's /v2/... routes")

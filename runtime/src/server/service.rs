@@ -5,8 +5,11 @@
 //! protocol and these calls.
 
 use std::sync::Arc;
+
+use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use super::logging::Logging;
 use crate::config::ModelConfig;
 use crate::error::Error;
 use crate::lifecycle::{Lifecycle, LoadRequest};
@@ -19,8 +22,17 @@ use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{Tensor, TensorSpec};
 
-/// The protocol extensions Plinth serves, as server metadata lists them.
-pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"];
+/// The protocol extensions Plinth serves, as server metadata lists them
+/// (Triton's names): exactly those it implements.
+pub const EXTENSIONS: [&str; 7] = [
+    "binary_tensor_data",
+    "classification",
+    "logging",
+    "model_configuration",
+    "model_repository",
+    "schedule_policy",
+    "statistics",
+];
 
 /// The server's name in server metadata.
 pub const SERVER_NAME: &str = "plinth";
@@ -42,6 +54,9 @@ pub struct Service {
     pub strict_readiness: bool,
     /// `--http-max-body-bytes`: the largest body (and gRPC message) taken.
     pub max_body_bytes: usize,
+    /// The process's log, whose level the logging extension changes;
+    /// `None` where no log was set up (unit tests).
+    pub logging: Option<Arc<Logging>>,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -76,6 +91,7 @@ impl Service {
             in_flight: AtomicUsize::new(0),
             strict_readiness,
             max_body_bytes,
+            logging: None,
         }
     }
 
@@ -202,6 +218,36 @@ impl Service {
     /// As [`Lifecycle::unload`].
     pub async fn unload(&self, name: &str) -> Result<(), Error> {
         self.lifecycle.unload(name).await
+    }
+
+    /// The logging extension's settings (`GET /v2/logging`, `LogSettings`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the process set up no log of its own.
+    pub fn log_settings(&self) -> Result<Value, Error> {
+        Ok(self.log()?.settings())
+    }
+
+    /// Changes the log settings in `update` and returns them all.
+    ///
+    /// # Errors
+    /// As [`Logging::update`], and as [`Service::log_settings`].
+    pub fn update_log_settings(&self, update: &Map<String, Value>) -> Result<Value, Error> {
+        self.log()?.update(update)
+    }
+
+    fn log(&self) -> Result<&Logging, Error> {
+        self.logging.as_deref().ok_or_else(|| Error::Unsupported("this server has no log settings".into()))
+    }
+
+    /// The trace extension (`/v2/trace/setting`, `TraceSetting`): Plinth
+    /// has no request tracing yet, so every trace setting is refused.
+    ///
+    /// # Errors
+    /// Always [`Error::Unsupported`], naming the model when one is given.
+    pub fn trace_settings(&self, model: Option<&str>) -> Result<Value, Error> {
+        let scope = model.map_or_else(String::new, |m| format!(" for model '{m}'"));
+        Err(Error::Unsupported(format!("trace settings{scope} are not supported: Plinth does not trace requests yet")))
     }
 
     /// Runs an inference request on `model` (resolved with
