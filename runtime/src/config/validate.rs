@@ -243,21 +243,99 @@ fn io_shape(kind: &str, io: &Io<'_>, max_batch_size: i32, p: &mut Problems) {
 }
 
 fn scheduling(config: &ModelConfig, p: &mut Problems) {
-    let ensemble = config.platform == ENSEMBLE_PLATFORM;
+    let is_ensemble = config.platform == ENSEMBLE_PLATFORM;
     match &config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => dynamic_batching(db, config.max_batch_size, p),
         Some(SchedulingChoice::SequenceBatching(_)) => {
             p.add("'sequence_batching' is not supported yet; remove it to serve the model without it")
         }
-        Some(SchedulingChoice::EnsembleScheduling(_)) if !ensemble => p.add(format!(
+        Some(SchedulingChoice::EnsembleScheduling(_)) if !is_ensemble => p.add(format!(
             "'ensemble_scheduling' is set on a model whose platform is '{}'; only platform '{ENSEMBLE_PLATFORM}' has steps",
             config.platform
         )),
-        Some(SchedulingChoice::EnsembleScheduling(_)) => {}
-        None if ensemble => {
+        Some(SchedulingChoice::EnsembleScheduling(scheduling)) => ensemble(config, scheduling, p),
+        None if is_ensemble => {
             p.add(format!("an ensemble (platform '{ENSEMBLE_PLATFORM}') needs 'ensemble_scheduling' with its steps"))
         }
         None => {}
+    }
+}
+
+/// Triton's `ValidateEnsembleSchedulingConfig`: steps with a model and
+/// both maps, no other scheduling or per-instance fields, each ensemble
+/// tensor written once, every ensemble input read, every output written,
+/// no tensor written and never read, and no step whose inputs never come.
+fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut Problems) {
+    p.refuse(
+        config.optimization.is_some(),
+        "ensemble: ",
+        "optimization",
+        "an ensemble's steps are optimized by their models",
+    );
+    p.refuse(
+        !config.model_warmup.is_empty(),
+        "ensemble: ",
+        "model_warmup",
+        "an ensemble's steps warm up in their models",
+    );
+    if scheduling.step.is_empty() {
+        p.add("an ensemble needs at least one 'step' in 'ensemble_scheduling'");
+        return;
+    }
+    let mut written: Vec<(&str, usize)> = Vec::new();
+    for (i, step) in scheduling.step.iter().enumerate() {
+        p.check(!step.model_name.is_empty(), || format!("ensemble step {i} must name a 'model_name'"));
+        p.check(!step.input_map.is_empty(), || format!("ensemble step {i} must have an 'input_map'"));
+        p.check(!step.output_map.is_empty(), || format!("ensemble step {i} must have an 'output_map'"));
+        p.check(step.model_version >= -1, || {
+            format!(
+                "ensemble step {i}: 'model_version' must be -1 (the latest) or a version, got {}",
+                step.model_version
+            )
+        });
+        for tensor in step.output_map.values() {
+            if let Some((_, first)) = written.iter().find(|(t, _)| t == tensor) {
+                p.add(format!(
+                    "ensemble tensor '{tensor}' is written by step {first} and again by step {i}; write each once"
+                ));
+            }
+            written.push((tensor, i));
+        }
+    }
+    // Which tensors exist, starting from the inputs, as steps can run.
+    let mut available: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    let mut ran = vec![false; scheduling.step.len()];
+    while let Some(i) = (0..ran.len())
+        .find(|&i| !ran[i] && scheduling.step[i].input_map.values().all(|t| available.contains(t.as_str())))
+    {
+        ran[i] = true;
+        available.extend(scheduling.step[i].output_map.values().map(String::as_str));
+    }
+    for (i, step) in scheduling.step.iter().enumerate().filter(|(i, _)| !ran[*i]) {
+        let mut missing: Vec<&str> =
+            step.input_map.values().map(String::as_str).filter(|t| !available.contains(t)).collect();
+        missing.sort_unstable();
+        p.add(format!(
+            "ensemble step {i} (model '{}') can never run: its inputs {missing:?} are neither ensemble inputs nor written by a step that can run",
+            step.model_name
+        ));
+    }
+    let read: HashSet<&str> = scheduling.step.iter().flat_map(|s| s.input_map.values().map(String::as_str)).collect();
+    for input in &config.input {
+        p.check(read.contains(input.name.as_str()), || {
+            format!("ensemble input '{}' is not read by any step", input.name)
+        });
+    }
+    let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+    for output in &config.output {
+        p.check(written.iter().any(|(t, _)| *t == output.name), || {
+            format!("ensemble output '{}' is not written by any step", output.name)
+        });
+    }
+    for (tensor, i) in &written {
+        p.check(read.contains(tensor) || outputs.contains(tensor), || {
+            format!("ensemble tensor '{tensor}' written by step {i} is neither read by a step nor an ensemble output")
+        });
     }
 }
 
@@ -483,6 +561,39 @@ mod tests {
             let folder = entry.unwrap().path();
             let config = crate::config::load(&folder).unwrap();
             assert_eq!(validate(&config), Ok(()), "{}", folder.display());
+        }
+    }
+
+    #[test]
+    fn an_ensemble_graph_is_checked_step_by_step() {
+        let ok = r#"
+            platform: "ensemble" max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            ensemble_scheduling { step [
+              { model_name: "a" model_version: -1 input_map { key: "x" value: "IN" } output_map { key: "y" value: "MID" } },
+              { model_name: "b" model_version: -1 input_map { key: "x" value: "MID" } output_map { key: "y" value: "OUT" } } ] }"#;
+        assert_eq!(problems(ok), Vec::<String>::new());
+        let bad = r#"
+            platform: "ensemble" max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "SPARE" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            instance_group [ { count: 1 } ]
+            ensemble_scheduling { step [
+              { model_name: "a" input_map { key: "x" value: "IN" } output_map { key: "y" value: "MID" } },
+              { model_name: "b" input_map { key: "x" value: "NOWHERE" } output_map { key: "y" value: "MID" } },
+              { model_name: "" input_map { key: "x" value: "IN" } output_map { key: "y" value: "DROPPED" } } ] }"#;
+        let found = problems(bad);
+        for expected in [
+            "an ensemble runs its steps' instances",
+            "ensemble tensor 'MID' is written by step 0 and again by step 1",
+            "ensemble step 1 (model 'b') can never run: its inputs [\"NOWHERE\"]",
+            "ensemble step 2 must name a 'model_name'",
+            "ensemble input 'SPARE' is not read by any step",
+            "ensemble output 'OUT' is not written by any step",
+            "ensemble tensor 'DROPPED' written by step 2 is neither read by a step nor an ensemble output",
+        ] {
+            assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
         }
     }
 

@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::LoadLimits;
+use super::ensemble;
 use super::loader::Loader;
 use super::request::LoadRequest;
-use crate::config::{self, ModelConfig};
+use crate::config::{self, ModelConfig, Signature};
 use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
-use crate::model::Model;
+use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
 use crate::residency::{self, Residency};
@@ -55,13 +56,15 @@ impl ModelRecord {
 
 /// How one load counts and names its model.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct LoadOptions {
+pub(super) struct LoadOptions<'a> {
     /// The model counts for readiness from now on.
     pub(super) wanted: bool,
     /// The model serves under its folder's name (a ModelMesh model id)
     /// whatever its configuration calls it; otherwise a configuration's
     /// `name` must be the folder's.
     pub(super) rename: bool,
+    /// The ensembles whose loads load this model, outermost first.
+    pub(super) chain: &'a [String],
 }
 
 /// The shared core of every control mode.
@@ -148,6 +151,16 @@ impl Core {
     /// files are malformed; otherwise as [`Core::load_locked`], with every
     /// failure's reason. Versions serving before keep serving.
     pub(super) async fn load(&self, name: &str, request: LoadRequest) -> Result<(), LoadError> {
+        self.load_within(name, request, &[]).await
+    }
+
+    /// [`Core::load`] for a model the ensembles in `chain` run.
+    pub(super) async fn load_within(
+        &self,
+        name: &str,
+        request: LoadRequest,
+        chain: &[String],
+    ) -> Result<(), LoadError> {
         let staged = if repository::is_model_name(name) { request.stage(name)? } else { None };
         // A name with no folder leaves no trace: a typo in a load request
         // must not make the server unready.
@@ -165,7 +178,7 @@ impl Core {
         };
         let record = self.record(name);
         let mut record = record.lock().await;
-        let options = LoadOptions { wanted: true, rename: false };
+        let options = LoadOptions { wanted: true, rename: false, chain };
         let result = self.load_locked(&dir, request.config, options, &mut record).await;
         // The last folder that loaded stays while its versions may serve.
         if let (Some((_, folder)), Ok(())) = (staged, &result) {
@@ -184,12 +197,12 @@ impl Core {
         &self,
         dir: &ModelDir,
         config_json: Option<String>,
-        options: LoadOptions,
+        options: LoadOptions<'_>,
         record: &mut ModelRecord,
     ) -> Result<(), LoadError> {
         self.registry.begin_load(&dir.name, options.wanted);
         let files = ModelFiles::observe(dir);
-        let result = self.load_versions(dir, &files, config_json.as_deref(), options.rename, record).await;
+        let result = self.load_versions(dir, &files, config_json.as_deref(), options, record).await;
         record.attempted = Some((files, config_json));
         record.failure = result.as_ref().err().cloned();
         result
@@ -200,12 +213,20 @@ impl Core {
         dir: &ModelDir,
         files: &ModelFiles,
         config_json: Option<&str>,
-        rename: bool,
+        options: LoadOptions<'_>,
         record: &mut ModelRecord,
     ) -> Result<(), LoadError> {
         let name = &dir.name;
-        let config = model_config(dir, config_json, rename)
+        let config = model_config(dir, config_json, options.rename)
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
+        if let Some(ensemble) = Ensemble::from_config(&config) {
+            let signature = Signature::from_config(&config).map_err(LoadError::Failed);
+            let ready = async {
+                ensemble::load_steps(self, name, &ensemble, options.chain).await?;
+                ensemble::check_steps(self, name, &signature?, &ensemble)
+            };
+            ready.await.map_err(|e| self.cannot_load(name, e))?;
+        }
         for folder in repository::ignored_folders(dir) {
             tracing::info!(model = %name, %folder, "ignoring a folder that is not a version number");
         }

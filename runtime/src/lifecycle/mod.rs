@@ -20,6 +20,7 @@
 
 mod check;
 mod core;
+mod ensemble;
 mod loader;
 mod modelmesh;
 mod on_demand;
@@ -220,13 +221,28 @@ impl Lifecycle {
 
     /// Unloads every version of `name` (the repository extension's
     /// `unload`). Requests already accepted finish; later ones get 503.
+    /// With `unload_dependents`, the READY ensembles that run `name` go too,
+    /// and, when `name` is an ensemble, the models of its steps that no
+    /// other READY ensemble runs.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] in a mode without explicit loads;
     /// [`Error::NotFound`] when no such model is known.
-    pub async fn unload(&self, name: &str) -> Result<(), Error> {
+    pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<(), Error> {
         self.explicit_mode()?;
-        self.core.unload(name).await
+        let steps = if unload_dependents { ensemble::steps(&self.core, name) } else { Vec::new() };
+        self.core.unload(name).await?;
+        if unload_dependents {
+            for user in ensemble::users(&self.core, name) {
+                Box::pin(self.unload(&user, true)).await?;
+            }
+            for step in steps {
+                if ensemble::users(&self.core, &step).is_empty() {
+                    Box::pin(self.unload(&step, true)).await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// ModelMesh's operations, in modelmesh mode.

@@ -297,7 +297,7 @@ async fn load_locked(
     let placed = source.place(id).map_err(LoadError::Failed)?;
     let dir = placed.dir.clone();
     placements.lock().expect("placed lock").insert(id.to_owned(), placed);
-    let options = LoadOptions { wanted: false, rename: true };
+    let options = LoadOptions { wanted: false, rename: true, chain: &[] };
     if let Err(e) = core.load_locked(&dir, None, options, &mut record).await {
         core.take_out(id, e.message());
         let placed = placements.lock().expect("placed lock").remove(id);

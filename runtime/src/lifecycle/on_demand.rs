@@ -74,7 +74,7 @@ async fn ensure_resident(core: &Core, dir: &ModelDir, version: Option<u64>) -> R
         if let Some(reason) = known_failure(dir, &record) {
             return Err(cannot(reason));
         }
-        let options = LoadOptions { wanted: core.residency.is_pinned(name), rename: false };
+        let options = LoadOptions { wanted: core.residency.is_pinned(name), rename: false, chain: &[] };
         core.load_locked(dir, None, options, &mut record).await.map_err(|e| cannot(&e))?;
         if let Ok(model) = core.registry.resolve(name, version) {
             core.residency.touch(name);

@@ -23,7 +23,8 @@ impl ModelRunner for Lifecycle {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
             let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
-            let (outputs, _) = callee.infer(inputs, &requested, RequestOptions::default()).await?;
+            let runner: Arc<dyn ModelRunner> = self;
+            let (outputs, _) = callee.infer(inputs, &requested, RequestOptions::default(), &runner).await?;
             Ok(outputs)
         })
     }

@@ -15,7 +15,7 @@ use crate::backend::fake::{Doubler, Gate};
 use crate::config::{self, ModelConfig, Signature};
 use crate::error::LoadError;
 use crate::metrics::Metrics;
-use crate::model::Model;
+use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::ModelDir;
 use crate::residency::Budget;
@@ -55,6 +55,11 @@ impl Loader for FakeLoader {
             return Err(LoadError::Failed(message.to_owned()));
         }
         let bytes = config::parameter(config, "fake.bytes").map_or(FAKE_BYTES, |b| b.parse().unwrap());
+        if let Some(ensemble) = Ensemble::from_config(config) {
+            let signature = Signature::from_config(config).map_err(LoadError::Failed)?;
+            let metrics = self.metrics.for_model(&dir.name, version);
+            return Ok((Model::ensemble(&dir.name, version, config, signature, ensemble, metrics), bytes));
+        }
         let spec = |name: &str| TensorSpec::new(name, DataType::Fp32, &[1]);
         let signature = Signature {
             max_batch_size: u32::try_from(config.max_batch_size).unwrap(),
@@ -96,6 +101,35 @@ impl Repository {
         }
         std::fs::write(model.join("config.pbtxt"), format!("max_batch_size: 8 {extra}")).unwrap();
         self
+    }
+
+    /// Adds ensemble `name` (FP32 `IN` → `OUT`, dims `[1]`) whose steps run
+    /// `models` one after the other, each `x` → `y`.
+    pub fn add_chain(&self, name: &str, models: &[&str]) -> &Repository {
+        let tensor = |i: usize| match i {
+            0 => "IN".to_owned(),
+            i if i == models.len() => "OUT".to_owned(),
+            i => format!("T{i}"),
+        };
+        let steps: Vec<String> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                format!(
+                    r#"{{ model_name: "{m}" model_version: -1 input_map {{ key: "x" value: "{}" }} output_map {{ key: "y" value: "{}" }} }}"#,
+                    tensor(i),
+                    tensor(i + 1)
+                )
+            })
+            .collect();
+        let config = format!(
+            r#"platform: "ensemble"
+               input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+               output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+               ensemble_scheduling {{ step [ {} ] }}"#,
+            steps.join(", ")
+        );
+        self.add(name, &[1], &config)
     }
 
     /// Removes model `name`'s folder.

@@ -34,7 +34,7 @@ async fn none_loads_every_model_at_start_and_refuses_the_repository_api() {
             "explicit model load and unload are not allowed in model control mode 'none'; start with --model-control-mode=explicit".into()
         )
     );
-    assert!(matches!(lifecycle.unload("a").await, Err(Error::InvalidArgument(m)) if m.contains("mode 'none'")));
+    assert!(matches!(lifecycle.unload("a", false).await, Err(Error::InvalidArgument(m)) if m.contains("mode 'none'")));
 }
 
 #[tokio::test]
@@ -70,11 +70,11 @@ async fn explicit_loads_the_named_models_and_then_what_the_api_says() {
     let escape = lifecycle.load("../a", LoadRequest::default()).await.unwrap_err().to_string();
     assert!(escape.contains("'../a' is not a model name"), "{escape}");
 
-    lifecycle.unload("a").await.unwrap();
+    lifecycle.unload("a", false).await.unwrap();
     let gone = lifecycle.resolve("a", None).await.err();
     let unloaded = "Request for unknown model: 'a' has no available versions: it is UNAVAILABLE: unloaded";
     assert_eq!(gone, Some(Error::Unavailable(unloaded.into())));
-    assert_eq!(lifecycle.unload("zzz").await, Err(Error::NotFound("unknown model 'zzz'".into())));
+    assert_eq!(lifecycle.unload("zzz", false).await, Err(Error::NotFound("unknown model 'zzz'".into())));
 
     // The load API's configuration override reloads the model under it.
     lifecycle.load("b", LoadRequest::config(Some(r#"{"max_batch_size": 4}"#.into()))).await.unwrap();
@@ -259,4 +259,84 @@ async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
     );
     let unknown = runner.infer("zzz".into(), None, vec![], vec![]).await.unwrap_err();
     assert_eq!(unknown, Error::NotFound("Request for unknown model: 'zzz' is not found".into()));
+}
+
+/// Runs `IN` = `x` through `model` as a client (or a plugin) would.
+async fn run(lifecycle: &Arc<super::Lifecycle>, model: &str, x: f32) -> Result<Vec<f32>, Error> {
+    let runner: Arc<dyn ModelRunner> = lifecycle.clone();
+    let input = vec![crate::tensor::Tensor { name: "IN".into(), ..Doubler::input(&[x]).remove(0) }];
+    let outputs = runner.infer(model.into(), None, input, vec![]).await?;
+    Ok(Doubler::values(&outputs[0]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_loads_its_steps_and_runs_them_as_a_graph() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "").add("b", &[1], "").add_chain("twice_twice", &["a", "b"]);
+    repo.add(
+        "three",
+        &[1],
+        r#"platform: "ensemble"
+           input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+           output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+           ensemble_scheduling { step [
+             { model_name: "twice_twice" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "T" } },
+             { model_name: "a" model_version: -1 input_map { key: "x" value: "T" } output_map { key: "y" value: "OUT" } } ] }"#,
+    );
+    let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    lifecycle.load("three", LoadRequest::default()).await.unwrap();
+    let ready: Vec<String> = index(&lifecycle).into_iter().filter(|r| r.2 == "READY").map(|r| r.0).collect();
+    assert_eq!(ready, ["a", "b", "three", "twice_twice"], "loading an ensemble loads what its steps run");
+    assert_eq!(run(&lifecycle, "twice_twice", 1.5).await.unwrap(), [6.0]);
+    assert_eq!(run(&lifecycle, "three", 1.0).await.unwrap(), [8.0], "an ensemble may run an ensemble");
+    let ensemble = lifecycle.resolve("three", None).await.unwrap();
+    assert_eq!(ensemble.platform(), "ensemble");
+
+    // A step whose model is gone fails the request as unavailable, naming it.
+    lifecycle.unload("b", false).await.unwrap();
+    let failed = run(&lifecycle, "three", 1.0).await.unwrap_err();
+    assert!(
+        matches!(&failed, Error::Unavailable(m) if m.contains("ensemble 'three' step 0 (model 'twice_twice'): ensemble 'twice_twice' step 1 (model 'b')")),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensembles_that_do_not_fit_their_steps_or_run_themselves_fail_to_load() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "").add_chain("loop_1", &["loop_2"]).add_chain("loop_2", &["loop_1"]);
+    repo.add(
+        "misfit",
+        &[1],
+        r#"platform: "ensemble"
+           input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+           output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+           ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "z" value: "IN" } output_map { key: "y" value: "OUT" } } ] }"#,
+    );
+    let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    let misfit = lifecycle.load("misfit", LoadRequest::default()).await.unwrap_err().to_string();
+    assert!(misfit.contains("ensemble 'misfit' step 0 (model 'a'): the model has no input 'z'"), "{misfit}");
+    assert!(misfit.contains("the model's input 'x' is not in its input_map"), "{misfit}");
+    let cycle = lifecycle.load("loop_1", LoadRequest::default()).await.unwrap_err().to_string();
+    assert!(cycle.contains("ensemble 'loop_2' would run itself: loop_1 → loop_2 → loop_1"), "{cycle}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_dependents_takes_an_ensemble_and_its_steps_out_together() {
+    let repo = Repository::new();
+    repo.add("a", &[1], "").add("b", &[1], "").add_chain("pair", &["a", "b"]).add_chain("solo", &["a"]);
+    let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&[]).await.unwrap();
+    for model in ["pair", "solo"] {
+        lifecycle.load(model, LoadRequest::default()).await.unwrap();
+    }
+    lifecycle.unload("pair", true).await.unwrap();
+    let ready = |lifecycle: &super::Lifecycle| -> Vec<String> {
+        index(lifecycle).into_iter().filter(|r| r.2 == "READY").map(|r| r.0).collect()
+    };
+    assert_eq!(ready(&lifecycle), ["a", "solo"], "b went with pair; a stays for solo");
+    lifecycle.unload("a", true).await.unwrap();
+    assert_eq!(ready(&lifecycle), Vec::<String>::new(), "solo runs a, so it went with it");
 }

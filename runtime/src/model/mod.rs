@@ -3,6 +3,7 @@
 //! postprocess). Plugins run per request, outside the scheduler.
 
 mod check;
+mod ensemble;
 mod instances;
 mod outputs;
 mod reshape;
@@ -25,6 +26,7 @@ use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
 pub use check::check_inputs;
+pub use ensemble::{Ensemble, Step};
 pub use outputs::OutputRequest;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.
@@ -89,14 +91,20 @@ pub struct Model {
     /// The inputs and outputs served, completed from the model file where
     /// the configuration leaves them out.
     pub signature: Signature,
-    /// One backend per `instance_group` instance; the scheduler's workers
-    /// run them, warm-up runs each.
-    instances: Vec<Arc<dyn Backend>>,
-    scheduler: Scheduler,
+    engine: Engine,
     metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
     /// Class labels of the outputs with a `label_filename`, by output.
     labels: HashMap<String, Vec<String>>,
+}
+
+/// What runs a model's requests.
+enum Engine {
+    /// One backend per `instance_group` instance behind the model's
+    /// scheduler, whose workers run them; warm-up runs each.
+    Backends { instances: Vec<Arc<dyn Backend>>, scheduler: Scheduler },
+    /// An ensemble's steps, run through other models.
+    Ensemble(Ensemble),
 }
 
 impl std::fmt::Debug for Model {
@@ -128,6 +136,11 @@ impl Model {
     /// invalid model file, a configuration that does not match the model
     /// (naming the tensor and both values), or a plugin that does not load.
     pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
+        if let Some(ensemble) = Ensemble::from_config(config) {
+            let signature = Signature::from_config(config)?;
+            let metrics = rt.metrics.for_model(&dir.name, version);
+            return Ok(Model::ensemble(&dir.name, version, config, signature, ensemble, metrics));
+        }
         let policy = Policy::from_config(config)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
@@ -183,11 +196,39 @@ impl Model {
             version,
             config: config.clone(),
             signature,
-            instances,
-            scheduler,
+            engine: Engine::Backends { instances, scheduler },
             metrics,
             plugin,
             labels: HashMap::new(),
+        }
+    }
+
+    /// An ensemble version: `ensemble`'s steps run its requests.
+    pub fn ensemble(
+        name: &str,
+        version: u64,
+        config: &ModelConfig,
+        signature: Signature,
+        ensemble: Ensemble,
+        metrics: ModelMetrics,
+    ) -> Model {
+        Model {
+            name: name.to_owned(),
+            version,
+            config: config.clone(),
+            signature,
+            engine: Engine::Ensemble(ensemble),
+            metrics,
+            plugin: None,
+            labels: HashMap::new(),
+        }
+    }
+
+    /// The ensemble's steps, if this is an ensemble.
+    pub fn steps(&self) -> Option<&Ensemble> {
+        match &self.engine {
+            Engine::Ensemble(ensemble) => Some(ensemble),
+            Engine::Backends { .. } => None,
         }
     }
 
@@ -200,13 +241,15 @@ impl Model {
     /// A message naming the sample when its inputs cannot be built, do not
     /// fit the signature, or the backend fails on them.
     pub fn warm_up(&self, model_dir: &Path) -> Result<usize, String> {
+        // An ensemble has no model_warmup (config::validate refuses it).
+        let Engine::Backends { instances, .. } = &self.engine else { return Ok(0) };
         let mut runs = 0;
         for sample in &self.config.model_warmup {
             let inputs = warmup::sample_inputs(sample, &self.signature, model_dir)?;
             check_inputs(&self.signature, &self.name, &inputs)
                 .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
             let inputs = reshape::inputs(&self.signature, inputs);
-            for instance in &self.instances {
+            for instance in instances {
                 for _ in 0..sample.count.max(1) {
                     instance
                         .execute(inputs.clone())
@@ -218,30 +261,36 @@ impl Model {
         Ok(runs)
     }
 
-    /// The platform name for model metadata (`onnxruntime_onnx`).
+    /// The platform name for model metadata (`onnxruntime_onnx`, `ensemble`).
     pub fn platform(&self) -> &str {
-        self.instances[0].platform()
+        match &self.engine {
+            Engine::Backends { instances, .. } => instances[0].platform(),
+            Engine::Ensemble(_) => config::validate::ENSEMBLE_PLATFORM,
+        }
     }
 
-    /// Runs the model on tensors through its scheduler. `requested` names
-    /// the outputs to return, in that order, each as its tensor or as a
-    /// classification; empty means all, in the order the model declares
-    /// them. `options` are the request's `priority` and `timeout`. Counts
-    /// the outcome in Triton's success / failure metrics.
+    /// Runs the model on tensors: through its scheduler, or for an
+    /// ensemble through its steps' models, which `runner` reaches.
+    /// `requested` names the outputs to return, in that order, each as its
+    /// tensor or as a classification; empty means all, in the order the
+    /// model declares them. `options` are the request's `priority` and
+    /// `timeout`. Counts the outcome in Triton's success / failure metrics.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for inputs that do not fit the signature,
     /// an unknown, repeated or unclassifiable requested output, an unknown
     /// priority; [`Error::Overloaded`] when the queue is full or the queue
-    /// timeout expired; [`Error::Internal`] when the backend fails.
+    /// timeout expired; [`Error::Internal`] when the backend fails; for an
+    /// ensemble, its failing step's error.
     pub async fn infer(
         &self,
         inputs: Vec<Tensor>,
         requested: &[OutputRequest],
         options: RequestOptions,
+        runner: &Arc<dyn ModelRunner>,
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         let started = Instant::now();
-        let result = self.run(inputs, requested, options).await;
+        let result = self.run(inputs, requested, options, runner).await;
         self.metrics.finished(result.as_ref().map(drop).map_err(FailureReason::from), started.elapsed());
         result
     }
@@ -251,6 +300,7 @@ impl Model {
         inputs: Vec<Tensor>,
         requested: &[OutputRequest],
         options: RequestOptions,
+        runner: &Arc<dyn ModelRunner>,
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         outputs::check(&self.signature, &self.name, requested)?;
@@ -259,21 +309,41 @@ impl Model {
         } else {
             None
         };
-        let inputs = reshape::inputs(&self.signature, inputs);
-        let (outputs, timing) = self.scheduler.submit(inputs, options).await?;
-        let checked = reshape::outputs(&self.signature, outputs)
-            .and_then(|outputs| check::check_outputs(&self.signature, &outputs, rows).map(|()| outputs));
-        let mut outputs = checked.map_err(|m| {
-            let message = format!("model '{}' returned {m}", self.name);
-            // A remote server's wrong answer is its fault, not ours.
-            match self.instances[0].kind() {
-                BackendKind::Remote => Error::BadGateway(message),
-                BackendKind::OnnxRuntime | BackendKind::Pytorch => Error::Internal(message),
+        let (outputs, timing) = match &self.engine {
+            Engine::Backends { scheduler, .. } => {
+                let (outputs, timing) = scheduler.submit(reshape::inputs(&self.signature, inputs), options).await?;
+                (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }
-        })?;
+            Engine::Ensemble(ensemble) => {
+                let mut tensors = ensemble.run(&self.name, inputs, runner).await?;
+                let outputs = self.signature.outputs.iter().filter_map(|o| tensors.remove(&o.name)).collect();
+                (outputs, Timing::default())
+            }
+        };
+        check::check_outputs(&self.signature, &outputs, rows).map_err(|m| self.wrong_answer(m))?;
+        let mut outputs = outputs;
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         let batching = self.signature.max_batch_size > 0;
         Ok((outputs::select(outputs, requested, &self.labels, batching), timing))
+    }
+
+    /// An answer of the backend (or of an ensemble's steps) that does not
+    /// fit the signature.
+    fn wrong_answer(&self, problem: String) -> Error {
+        let message = format!("model '{}' returned {problem}", self.name);
+        // A remote server's wrong answer is its fault, not ours.
+        match self.backend_kind() {
+            Some(BackendKind::Remote) => Error::BadGateway(message),
+            _ => Error::Internal(message),
+        }
+    }
+
+    /// The backend serving this model; `None` for an ensemble.
+    fn backend_kind(&self) -> Option<BackendKind> {
+        match &self.engine {
+            Engine::Backends { instances, .. } => Some(instances[0].kind()),
+            Engine::Ensemble(_) => None,
+        }
     }
 
     /// Sends a raw request through the model's plugin: preprocess, run,
@@ -316,8 +386,10 @@ impl Model {
         let started = Instant::now();
         let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error)?;
         timing.preprocess = started.elapsed();
-        let (outputs, inference) =
-            self.infer(inputs, &[], RequestOptions::default()).await.map_err(blame_the_plugin_for_its_tensors)?;
+        let (outputs, inference) = self
+            .infer(inputs, &[], RequestOptions::default(), &context.runner)
+            .await
+            .map_err(blame_the_plugin_for_its_tensors)?;
         timing.inference = inference;
         let started = Instant::now();
         let response = plugin.postprocess(req, outputs, context).await.map_err(plugin_error)?;
@@ -333,7 +405,7 @@ impl Model {
         let mut c = self.config.clone();
         c.name.clone_from(&self.name);
         c.platform = self.platform().to_owned();
-        c.backend = self.instances[0].kind().name().to_owned();
+        c.backend = self.backend_kind().map_or("", BackendKind::name).to_owned();
         let data_type = |dt| config::datatype_to_config(dt) as i32;
         if c.input.is_empty() {
             let spec = |s: &crate::tensor::TensorSpec| ModelInput {

@@ -139,7 +139,9 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Answer<pb::RepositoryIndexResponse> {
-        let ready_only = request.into_inner().ready;
+        let r = request.into_inner();
+        unnamed_repository(&r.repository_name)?;
+        let ready_only = r.ready;
         let models = self
             .service
             .repository_index(ready_only)
@@ -160,6 +162,7 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<pb::RepositoryModelLoadResponse> {
         use pb::model_repository_parameter::ParameterChoice as P;
         let r = request.into_inner();
+        unnamed_repository(&r.repository_name)?;
         let mut load = LoadRequest::default();
         for (key, value) in r.parameters {
             match (key.as_str(), value.parameter_choice) {
@@ -190,7 +193,24 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Answer<pb::RepositoryModelUnloadResponse> {
-        self.service.unload(&request.into_inner().model_name).await?;
+        use pb::model_repository_parameter::ParameterChoice as P;
+        let r = request.into_inner();
+        unnamed_repository(&r.repository_name)?;
+        let mut dependents = false;
+        for (key, value) in r.parameters {
+            match (key.as_str(), value.parameter_choice) {
+                ("unload_dependents", Some(P::BoolParam(flag))) => dependents = flag,
+                ("unload_dependents", _) => {
+                    return Err(Status::invalid_argument("parameter 'unload_dependents' must be a bool_param"));
+                }
+                (other, _) => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown unload parameter '{other}'; an unload takes 'unload_dependents'"
+                    )));
+                }
+            }
+        }
+        self.service.unload(&r.model_name, dependents).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
@@ -219,6 +239,18 @@ impl GrpcInferenceService for Grpc {
         let settings =
             if update.is_empty() { self.service.log_settings()? } else { self.service.update_log_settings(&update)? };
         Ok(Response::new(log_settings_response(settings)))
+    }
+}
+
+/// Plinth's repositories have no names: a request naming one is refused
+/// rather than served from whichever repository holds the model.
+fn unnamed_repository(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "repository_name '{name}': Plinth's repositories have no names; leave it empty"
+        )))
     }
 }
 

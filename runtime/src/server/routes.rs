@@ -340,13 +340,43 @@ fn load_request(body: &[u8]) -> Result<LoadRequest, ApiError> {
 }
 
 /// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already
-/// accepted finish; later ones get 503.
+/// accepted finish; later ones get 503. The optional body's `parameters`
+/// may set `unload_dependents`.
 pub async fn unload_model(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    service.unload(&name).await?;
+    let body = body.map_err(|e| rejected_body(&service, e))?;
+    let dependents = if body.is_empty() { false } else { unload_dependents(&body)? };
+    service.unload(&name, dependents).await?;
     Ok(Json(serde_json::json!({})))
+}
+
+/// Reads an unload request's parameters: only `unload_dependents`.
+fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
+    use serde_json::Value;
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed unload request JSON: {e}")))?;
+    let mut dependents = false;
+    if let Some(parameters) = request.get("parameters").and_then(Value::as_object) {
+        for (key, value) in parameters {
+            match (key.as_str(), value.as_bool()) {
+                ("unload_dependents", Some(flag)) => dependents = flag,
+                ("unload_dependents", None) => {
+                    return Err(ApiError::bad_request(format!(
+                        "parameter 'unload_dependents' must be true or false, got {value}"
+                    )));
+                }
+                (other, _) => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown unload parameter '{other}'; an unload takes 'unload_dependents'"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(dependents)
 }
 
 /// `GET /v2/logging`: the log settings (Triton's logging extension).

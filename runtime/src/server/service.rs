@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::lifecycle::{Lifecycle, LoadRequest};
 use crate::metrics::ModelStatistics;
 use crate::model::{Model, OutputRequest, PredictTiming};
-use crate::plugin::{RawRequest, RawResponse};
+use crate::plugin::{ModelRunner, RawRequest, RawResponse};
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::registry::{IndexEntry, Registry, RepositoryState};
 use crate::scheduler::Timing;
@@ -212,12 +212,13 @@ impl Service {
         Ok(self.lifecycle.load(name, request).await?)
     }
 
-    /// The repository extension's `unload`.
+    /// The repository extension's `unload`, with its `unload_dependents`
+    /// parameter.
     ///
     /// # Errors
     /// As [`Lifecycle::unload`].
-    pub async fn unload(&self, name: &str) -> Result<(), Error> {
-        self.lifecycle.unload(name).await
+    pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<(), Error> {
+        self.lifecycle.unload(name, unload_dependents).await
     }
 
     /// The logging extension's settings (`GET /v2/logging`, `LogSettings`).
@@ -265,7 +266,8 @@ impl Service {
     ) -> Result<Inferred<T>, Error> {
         tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
         let (call, request) = decode(model).map_err(|e| model.refused(e))?;
-        let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options).await?;
+        let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
+        let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options, &runner).await?;
         Ok(Inferred { outputs, timing, request })
     }
 
