@@ -12,6 +12,7 @@ use crate::plugin::PluginLimits;
 use crate::residency::Budget;
 use crate::server::ServeOptions;
 pub use crate::server::logging::LogFormat;
+use crate::server::restrictions::{Front, Restrictions};
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
 #[derive(Debug, Parser)]
@@ -26,7 +27,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the models of one or more model repositories over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a model repository without serving it: every configuration
     /// parses and matches its model, every plugin starts. Prints one line per
     /// problem and exits non-zero if there is any.
@@ -192,6 +193,20 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub plugin_cache_dir: Option<PathBuf>,
 
+    /// HTTP APIs that answer only requests with a header, as
+    /// `<api>,<api>,...:<key>=<value>` (the header `<key>`; repeatable).
+    /// APIs: health, metadata, inference, shared-memory, model-config,
+    /// model-repository, statistics, trace, logging.
+    #[arg(long, value_name = "APIS:KEY=VALUE")]
+    pub http_restricted_api: Vec<String>,
+
+    /// gRPC protocols that answer only requests with a header, as
+    /// `<protocol>,...:<key>=<value>` (the metadata
+    /// `triton-grpc-protocol-<key>`; repeatable); the groups of
+    /// --http-restricted-api.
+    #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
+    pub grpc_restricted_protocol: Vec<String>,
+
     /// Verbose logging level: 0 info, 1 debug, 2 trace.
     #[arg(long, default_value_t = 0)]
     pub log_verbose: u8,
@@ -282,6 +297,8 @@ impl ServeArgs {
                 Some(p) => Some(p.clone()),
                 None => default_cache_dir(),
             },
+            http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
+            grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
         })
     }
 }

@@ -51,6 +51,10 @@ pub enum LoadError {
     /// Nothing of it stays loaded.
     #[error("{0}")]
     Failed(String),
+    /// Nothing was tried: the control mode does not allow explicit loads
+    /// and unloads (Triton answers UNAVAILABLE).
+    #[error("{0}")]
+    NotAllowed(String),
     /// ModelMesh's `runtimeStatus` unloaded every model while this load ran.
     #[error("{0}")]
     Aborted(String),
@@ -63,6 +67,7 @@ impl LoadError {
             LoadError::Invalid(m) => LoadError::Invalid(f(m)),
             LoadError::NoRoom(m) => LoadError::NoRoom(f(m)),
             LoadError::Failed(m) => LoadError::Failed(f(m)),
+            LoadError::NotAllowed(m) => LoadError::NotAllowed(f(m)),
             LoadError::Aborted(m) => LoadError::Aborted(f(m)),
         }
     }
@@ -70,7 +75,11 @@ impl LoadError {
     /// The message alone.
     pub fn message(&self) -> &str {
         match self {
-            LoadError::Invalid(m) | LoadError::NoRoom(m) | LoadError::Failed(m) | LoadError::Aborted(m) => m,
+            LoadError::Invalid(m)
+            | LoadError::NoRoom(m)
+            | LoadError::Failed(m)
+            | LoadError::NotAllowed(m)
+            | LoadError::Aborted(m) => m,
         }
     }
 }
@@ -78,8 +87,13 @@ impl LoadError {
 impl From<LoadError> for Error {
     /// A load asked for through the repository extension (`load`, the
     /// `config` override): Triton answers every failure to load as a bad
-    /// request (HTTP 400, gRPC INVALID_ARGUMENT), with the reason.
+    /// request (HTTP 400, gRPC INVALID_ARGUMENT), with the reason, except a
+    /// load or unload the control mode does not allow: UNAVAILABLE, as
+    /// Triton's `model_repository_manager.cc` answers it.
     fn from(e: LoadError) -> Error {
-        Error::InvalidArgument(e.to_string())
+        match e {
+            LoadError::NotAllowed(m) => Error::Unavailable(m),
+            e => Error::InvalidArgument(e.to_string()),
+        }
     }
 }

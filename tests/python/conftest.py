@@ -26,6 +26,13 @@ def wait_until(what, condition):
         time.sleep(0.02)
 
 
+def patient_plugins(extra):
+    """--plugin-timeout-ms unless the test sets it: the limit guards against
+    a plugin that never returns, and a test of correctness must not fail
+    because a loaded machine ran a plugin slowly."""
+    return [] if "--plugin-timeout-ms" in extra else ["--plugin-timeout-ms", "600000"]
+
+
 class Plinth:
     """A running `plinth serve`; `url`, `grpc_url` and `metrics_url` are its
     HTTP, gRPC and metrics addresses (host:port). Its compiled plugins are
@@ -42,7 +49,7 @@ class Plinth:
         self.plugin_cache = tempfile.TemporaryDirectory(prefix="plinth-plugins-")
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
-             "--plugin-cache-dir", self.plugin_cache.name, *repository_flags, *extra],
+             "--plugin-cache-dir", self.plugin_cache.name, *patient_plugins(extra), *repository_flags, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         threading.Thread(target=self._read_log, daemon=True).start()

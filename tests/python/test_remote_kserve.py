@@ -73,7 +73,7 @@ input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 3, 48, 192 ] }} ]
 output [ {{ name: "{OUTPUT}" data_type: TYPE_FP32 dims: [ 2 ] }} ]
 parameters {{ key: "remote.url" value {{ string_value: "{url}" }} }}
 parameters {{ key: "remote.model" value {{ string_value: "ocr_cls" }} }}
-parameters {{ key: "remote.timeout_ms" value {{ string_value: "2000" }} }}
+parameters {{ key: "remote.timeout_ms" value {{ string_value: "60000" }} }}
 parameters {{ key: "plugin" value {{ string_value: "ocr_cls.wasm" }} }}
 """)
     return tmp_path

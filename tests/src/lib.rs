@@ -139,6 +139,7 @@ impl Server {
             .arg(repository)
             .arg("--plugin-cache-dir")
             .arg(plugin_cache.path())
+            .args(patient_plugins(extra))
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -297,6 +298,14 @@ impl Drop for Server {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// `--plugin-timeout-ms` for test servers whose flags do not set it: the
+/// plugin time limit guards against a plugin that never returns, and a test
+/// of correctness must not fail because a loaded machine ran a plugin
+/// slowly. Tests of the limit set their own.
+fn patient_plugins(extra: &[&str]) -> Vec<&'static str> {
+    if extra.contains(&"--plugin-timeout-ms") { vec![] } else { vec!["--plugin-timeout-ms", "600000"] }
 }
 
 /// A photo `make setup` unpacks from the scikit-learn wheel into

@@ -39,9 +39,9 @@ fn a_plugin_runs_other_models_and_its_own_through_the_host() {
         let limit = format!(r#"parameters {{ key: "plugin.timeout_ms" value: {{ string_value: "{ms}" }} }}"#);
         std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + &limit).unwrap();
     };
-    // a may run for 500 ms; b sleeps 2000 ms inside a's call (and may run
+    // a may run for 2000 ms; b sleeps 5000 ms inside a's call (and may run
     // for ten minutes, a bound that only guards against a hang).
-    limit("a", 500);
+    limit("a", 2000);
     limit("b", 600_000);
     let server = Server::start(repo.path(), &[]);
     let (status, direct) = predict(&server, "b", "ok");
@@ -50,8 +50,8 @@ fn a_plugin_runs_other_models_and_its_own_through_the_host() {
     assert_eq!((status, &through_a), (200, &direct), "a's answer is b's");
     let (status, nested) = predict(&server, "a", "call:b/self-infer");
     assert_eq!((status, &nested), (200, &direct), "b ran its own model again, through the host");
-    // b's 2000 ms are b's time, not a's: a's own 500 ms limit still holds.
-    let (status, body) = predict(&server, "a", "call:b/sleep:2000");
+    // b's 5000 ms are b's time, not a's: a's own 2000 ms limit still holds.
+    let (status, body) = predict(&server, "a", "call:b/sleep:5000");
     assert_eq!((status, &body), (200, &direct), "time in a composed call does not count against the caller");
     let executions = |m: &str| server.metric(&format!("nv_inference_exec_count{{model=\"{m}\",version=\"1\"}}"));
     assert_eq!((executions("a"), executions("b")), (3.0, 5.0), "each model ran through its own scheduler");

@@ -59,7 +59,7 @@ fn bad_requests_get_400_or_404_with_the_reason() {
 
     let (status, body) = server.get("/v2/models/ocr_rec/versions/7");
     assert_eq!(status, 404);
-    assert!(error_of(&body).contains("no version 7"), "{body}");
+    assert_eq!(error_of(&body), "Request for unknown model: 'ocr_rec' version 7 is not found");
 
     let (status, body) = server.get("/v2/no/such/route");
     assert_eq!(status, 404);
@@ -74,7 +74,7 @@ fn tensors_the_model_cannot_take_get_400() {
     let rec = |shape: Value, data: Value| json!({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": data}]});
     let cases = [
         (rec(json!([1, 3, 48, 0]), json!([])), 400, "ONNX Runtime cannot run these inputs"),
-        (rec(json!([1, 3, 48, 1_u64 << 60]), json!([])), 400, "too many elements"),
+        (rec(json!([1, 3, 48, 1_u64 << 60]), json!([])), 400, "causes total element count to exceed maximum size of"),
         (rec(json!([1, 3, 48, 4]), json!([[vec![0.0; 100]], [vec![0.0; 476]]])), 400, "nested array"),
         (rec(json!([1, 3, 48, 1]), json!(vec![1e39; 144])), 400, "out of range for FP32"),
     ];
@@ -130,7 +130,7 @@ fn repository_with_faulty_plugin(repo: &Path) {
 fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
     let repo = tempfile::tempdir().unwrap();
     repository_with_faulty_plugin(repo.path());
-    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "300", "--plugin-memory-limit", "128MiB"]);
+    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "3000", "--plugin-memory-limit", "128MiB"]);
 
     let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
     assert_eq!(status, 200, "the healthy path works first: {body}");
@@ -138,7 +138,7 @@ fn a_misbehaving_plugin_fails_its_request_and_nothing_else() {
 
     for (behaviour, expect) in [
         ("trap", "deliberate trap requested by the test"),
-        ("loop", "exceeded its time limit of 300 ms"),
+        ("loop", "exceeded its time limit of 3000 ms"),
         ("alloc", "memory allocation of 1073741824 bytes failed"),
     ] {
         let (status, body) =
@@ -163,14 +163,14 @@ fn a_model_sets_its_own_plugin_limits_and_traps_are_counted() {
     repository_with_faulty_plugin(repo.path());
     let config = repo.path().join("faulty/config.pbtxt");
     let limits = r#"
-        parameters { key: "plugin.timeout_ms" value: { string_value: "100" } }
+        parameters { key: "plugin.timeout_ms" value: { string_value: "1000" } }
         parameters { key: "plugin.memory_limit" value: { string_value: "64MiB" } }
         parameters { key: "plugin.instances" value: { string_value: "1" } }"#;
     std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + limits).unwrap();
-    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "5000"]);
+    let server = Server::start(repo.path(), &["--plugin-timeout-ms", "60000"]);
     let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"loop".to_vec());
-    assert_eq!(status, 500, "the model's own 100 ms, not the server's 5000 ms: {body}");
-    assert!(error_of(&body).contains("time limit of 100 ms"), "{body}");
+    assert_eq!(status, 500, "the model's own 1000 ms, not the server's 60000 ms: {body}");
+    assert!(error_of(&body).contains("time limit of 1000 ms"), "{body}");
     let (status, body) = server.post_bytes("/v2/models/faulty/predict", "text/plain", b"ok".to_vec());
     assert_eq!(status, 200, "{body}");
     let series = |family: &str| server.metric(&format!("{family}{{model=\"faulty\",version=\"1\"}}"));
@@ -282,7 +282,10 @@ fn a_body_over_the_limit_gets_413() {
     let server = Server::start(&example_repository(), &["--http-max-body-bytes", "1KiB"]);
     let (status, body) = server.post_bytes("/v2/models/ocr_rec/predict", "image/png", fixture("line_serif.png"));
     assert_eq!(status, 413, "{body}");
-    assert!(error_of(&body).contains("larger than 1024 bytes (--http-max-body-bytes)"), "{body}");
+    assert!(
+        error_of(&body).contains("exceeds the maximum allowed input size of 1024 bytes (--http-max-body-bytes)"),
+        "{body}"
+    );
     let (status, body) = server.post_bytes("/v2/repository/index", "application/json", vec![b' '; 2048]);
     assert_eq!(status, 413, "{body}");
     let (status, _) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", vec![0; 100]);

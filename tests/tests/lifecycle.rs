@@ -152,9 +152,12 @@ fn an_unchanged_model_is_not_reloaded_and_a_config_override_is_applied() {
 #[test]
 fn load_and_unload_are_refused_outside_explicit_mode() {
     let server = Server::start(&example_repository(), &[]);
+    // Triton's status and the text its clients match, then Plinth's hint.
     let (status, body) = server.post_json("/v2/repository/models/ocr_cls/unload", &json!({}));
-    assert_eq!(status, 400);
-    assert!(body["error"].as_str().unwrap().contains("--model-control-mode=explicit"), "{body}");
+    assert_eq!(status, 503);
+    let message = body["error"].as_str().unwrap();
+    assert!(message.starts_with("explicit model load / unload is not allowed if polling is enabled"), "{body}");
+    assert!(message.contains("--model-control-mode=explicit"), "{body}");
     let (_, meta) = server.get("/v2");
     let extensions = meta["extensions"].as_array().unwrap();
     assert!(extensions.contains(&json!("model_repository")), "{meta}");

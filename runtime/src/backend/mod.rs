@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub mod fake;
+pub mod identity;
 pub mod onnx;
 pub mod remote;
 #[cfg(feature = "libtorch")]
@@ -24,12 +25,14 @@ pub struct ModelIo {
 }
 
 impl ModelIo {
-    /// A tensor as the configuration declares it: `dims` with a leading
+    /// A tensor as the configuration declares it to the backend: its
+    /// `reshape` dimensions if it has them, else `dims`, with a leading
     /// variable batch dimension when the model batches. For backends whose
-    /// model files do not record their tensors (TorchScript, some remotes).
+    /// model files do not record their tensors (TorchScript, identity, some
+    /// remotes).
     pub fn from_spec(spec: &crate::tensor::TensorSpec, batching: bool) -> ModelIo {
-        let shape =
-            if batching { std::iter::once(-1).chain(spec.dims.iter().copied()).collect() } else { spec.dims.clone() };
+        let dims = spec.model_dims();
+        let shape = if batching { std::iter::once(-1).chain(dims.iter().copied()).collect() } else { dims.to_vec() };
         ModelIo { name: spec.name.clone(), datatype: Some(spec.datatype), type_name: spec.datatype.to_string(), shape }
     }
 }
@@ -44,6 +47,8 @@ pub enum BackendKind {
     Pytorch,
     /// A model of a remote KServe v2 server: backend `remote`.
     Remote,
+    /// Each output a copy of its input: Triton's backend `identity`.
+    Identity,
 }
 
 impl BackendKind {
@@ -56,10 +61,11 @@ impl BackendKind {
             ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::OnnxRuntime),
             ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(BackendKind::Pytorch),
             ("", "remote") => Ok(BackendKind::Remote),
+            ("", "identity") => Ok(BackendKind::Identity),
             (platform, backend) => Err(format!(
                 "platform '{platform}' / backend '{backend}' is not supported; Plinth serves platform \
-                 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch') \
-                 and backend 'remote'"
+                 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), \
+                 backend 'remote' and backend 'identity'"
             )),
         }
     }
@@ -71,6 +77,7 @@ impl BackendKind {
             BackendKind::OnnxRuntime => "onnxruntime",
             BackendKind::Pytorch => "pytorch",
             BackendKind::Remote => "remote",
+            BackendKind::Identity => "identity",
         }
     }
 }

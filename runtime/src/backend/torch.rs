@@ -51,9 +51,9 @@ impl Libtorch {
 
     /// Loads the TorchScript file at `path` onto `placement` for the
     /// configured tensors. `inputs` and `outputs` are the configuration's
-    /// (dims without the batch dimension when `batching`). When every input
-    /// dimension is fixed, runs the module once on zeros (batch 1) and checks
-    /// its outputs against the configuration.
+    /// (dims, or their reshape, without the batch dimension when
+    /// `batching`). When every input dimension is fixed, runs the module once
+    /// on zeros (batch 1) and checks its outputs against the configuration.
     ///
     /// # Errors
     /// A message when the file is missing or not TorchScript, the GPU does
@@ -87,6 +87,7 @@ impl Libtorch {
         let mut module = CModule::load_on_device(path, device)
             .map_err(|e| format!("libtorch cannot load {} as TorchScript: {}", path.display(), summary(&e)))?;
         module.set_eval();
+        check_string_ranks(inputs.iter().chain(outputs), batching)?;
         let (input_io, input_positions) = signature(inputs, batching, Some(&mut || forward_arguments(path)))?;
         check_positions(&input_io, &input_positions)?;
         let (output_io, output_indices) = signature(outputs, batching, None)?;
@@ -98,7 +99,10 @@ impl Libtorch {
             outputs: output_io,
             output_indices,
         };
-        if inputs.iter().all(|s| s.dims.iter().all(|&d| d >= 0)) {
+        // Zeros are no string a model could parse: string models are not
+        // tried.
+        let fixed = inputs.iter().all(|s| s.model_dims().iter().all(|&d| d >= 0));
+        if fixed && inputs.iter().all(|s| s.datatype != DataType::Bytes) {
             model.trial_run(batching)?;
         }
         Ok(model)
@@ -148,7 +152,7 @@ impl Backend for TorchModel {
                 .position(|io| io.name == t.name)
                 .ok_or_else(|| BackendError::InvalidInput(format!("the model has no input '{}'", t.name)))?;
             let value = to_torch(&t, self.device).map_err(BackendError::InvalidInput)?;
-            args[self.input_positions[i]] = Some(IValue::Tensor(value));
+            args[self.input_positions[i]] = Some(value);
         }
         let args = args
             .into_iter()
@@ -176,7 +180,10 @@ impl Backend for TorchModel {
                         returned.len()
                     )
                 })?;
-                from_torch(&io.name, t)
+                match t {
+                    Returned::Tensor(t) => from_torch(&io.name, t),
+                    Returned::Strings(items) => Ok(strings_tensor(&io.name, items)),
+                }
             })
             .collect::<Result<_, String>>()
             .map_err(BackendError::Failed)
@@ -352,22 +359,67 @@ fn check_positions(inputs: &[ModelIo], positions: &[usize]) -> Result<(), String
     Err(format!("TorchScript inputs {names:?} must number the forward arguments 0 to {} once each", names.len() - 1))
 }
 
-/// The tensors a forward call returned: one tensor, or a tuple or list of them.
-fn returned_tensors(value: IValue) -> Result<Vec<tch::Tensor>, String> {
+/// One output of a forward call: a tensor, or a `List[str]` (a BYTES
+/// output, as Triton's PyTorch backend returns strings).
+enum Returned {
+    Tensor(tch::Tensor),
+    Strings(Vec<String>),
+}
+
+/// The outputs a forward call returned: one tensor or list of strings, or a
+/// tuple or list of them.
+fn returned_tensors(value: IValue) -> Result<Vec<Returned>, String> {
     match value {
-        IValue::Tensor(t) => Ok(vec![t]),
-        IValue::TensorList(ts) => Ok(ts),
-        IValue::Tuple(items) | IValue::GenericList(items) => items
-            .into_iter()
-            .map(|v| match v {
-                IValue::Tensor(t) => Ok(t),
-                other => Err(format!("the model returned {} where a tensor was expected", kind_of(&other))),
-            })
-            .collect(),
-        other => {
-            Err(format!("the model returned {}; Plinth serves tensors, tuples and lists of tensors", kind_of(&other)))
+        IValue::Tuple(items) => items.into_iter().map(one_returned).collect(),
+        IValue::TensorList(ts) => Ok(ts.into_iter().map(Returned::Tensor).collect()),
+        IValue::GenericList(items) if !items.iter().all(|v| matches!(v, IValue::String(_))) || items.is_empty() => {
+            items.into_iter().map(one_returned).collect()
+        }
+        one => Ok(vec![one_returned(one)?]),
+    }
+}
+
+/// One returned output: a tensor, or strings (a `List[str]`, which may come
+/// back as a generic list of strings).
+fn one_returned(value: IValue) -> Result<Returned, String> {
+    match value {
+        IValue::Tensor(t) => Ok(Returned::Tensor(t)),
+        IValue::StringList(items) => Ok(Returned::Strings(items)),
+        IValue::GenericList(items) if items.iter().all(|v| matches!(v, IValue::String(_))) => Ok(Returned::Strings(
+            items.into_iter().filter_map(|v| if let IValue::String(s) = v { Some(s) } else { None }).collect(),
+        )),
+        other => Err(format!(
+            "the model returned {}; Plinth serves tensors, lists of strings, and tuples and lists of them",
+            kind_of(&other)
+        )),
+    }
+}
+
+/// Strings reach and leave a TorchScript model as a 1-dimensional
+/// `List[str]`, so a BYTES tensor may have one dimension in all, the batch
+/// dimension included (Triton's PyTorch backend has the same rule).
+fn check_string_ranks<'a>(specs: impl Iterator<Item = &'a TensorSpec>, batching: bool) -> Result<(), String> {
+    for spec in specs.filter(|s| s.datatype == DataType::Bytes) {
+        if spec.model_dims().len() + usize::from(batching) > 1 {
+            return Err(format!(
+                "'{}': a TorchScript model takes and returns strings as a 1-dimensional List[str], but its dims {:?}{} \
+                 have more dimensions",
+                spec.name,
+                spec.model_dims(),
+                if batching { " and the batch dimension" } else { "" }
+            ));
         }
     }
+    Ok(())
+}
+
+/// A returned `List[str]` as a BYTES tensor of shape `[len]`.
+fn strings_tensor(name: &str, items: &[String]) -> Tensor {
+    let mut data = Vec::with_capacity(items.iter().map(|s| s.len() + 4).sum());
+    for item in items {
+        crate::tensor::push_bytes_element(&mut data, item.as_bytes());
+    }
+    Tensor { name: name.to_owned(), datatype: DataType::Bytes, shape: vec![items.len() as i64], data }
 }
 
 fn kind(dt: DataType) -> Result<Kind, String> {
@@ -402,11 +454,26 @@ fn datatype(kind: Kind) -> Option<DataType> {
     })
 }
 
-/// Copies a tensor into libtorch, on `device`.
-fn to_torch(t: &Tensor, device: Device) -> Result<tch::Tensor, String> {
+/// Copies a tensor into libtorch, on `device`: a BYTES tensor becomes a
+/// `List[str]` of its elements, which must be UTF-8.
+fn to_torch(t: &Tensor, device: Device) -> Result<IValue, String> {
+    if t.datatype == DataType::Bytes {
+        let elements =
+            crate::tensor::bytes_elements(&t.data).ok_or_else(|| format!("tensor '{}': malformed BYTES", t.name))?;
+        let strings = elements
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                String::from_utf8(e.to_vec()).map_err(|_| {
+                    format!("tensor '{}': element {i} is not UTF-8, which a TorchScript str must be", t.name)
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        return Ok(IValue::StringList(strings));
+    }
     let value = tch::Tensor::f_from_data_size(&t.data, &t.shape, kind(t.datatype)?)
         .map_err(|e| format!("tensor '{}': {e}", t.name))?;
-    if device == Device::Cpu { Ok(value) } else { Ok(value.to_device(device)) }
+    Ok(IValue::Tensor(if device == Device::Cpu { value } else { value.to_device(device) }))
 }
 
 /// The variant of a returned value, for messages (its contents can be huge).

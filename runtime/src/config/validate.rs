@@ -21,7 +21,7 @@ pub const ENSEMBLE_PLATFORM: &str = "ensemble";
 const PAIRS: [(&str, &str); 2] = [("onnxruntime_onnx", "onnxruntime"), ("pytorch_libtorch", "pytorch")];
 
 /// Backends of Triton's that Plinth does not ship, by name or platform.
-const NOT_SHIPPED: [&str; 12] = [
+const NOT_SHIPPED: [&str; 11] = [
     "tensorrt",
     "tensorrt_plan",
     "tensorflow",
@@ -33,7 +33,6 @@ const NOT_SHIPPED: [&str; 12] = [
     "dali",
     "vllm",
     "tensorrtllm",
-    "identity",
 ];
 
 /// Collects problems, each naming the field.
@@ -128,7 +127,7 @@ fn platform(config: &ModelConfig, p: &mut Problems) {
     if let Some(name) = [platform, backend].into_iter().find(|n| NOT_SHIPPED.contains(n)) {
         p.add(format!(
             "platform '{platform}' / backend '{backend}': Plinth does not ship Triton's '{name}' backend; it serves \
-             'onnxruntime_onnx', 'pytorch_libtorch', backend 'remote' and 'ensemble'"
+             'onnxruntime_onnx', 'pytorch_libtorch', backends 'remote' and 'identity', and 'ensemble'"
         ));
         return;
     }
@@ -140,12 +139,12 @@ fn platform(config: &ModelConfig, p: &mut Problems) {
     }
     let known =
         |pair: &(&str, &str)| (platform.is_empty() || platform == pair.0) && (backend.is_empty() || backend == pair.1);
-    let fine = (platform.is_empty() && matches!(backend, "" | "remote")) || PAIRS.iter().any(known);
+    let fine = (platform.is_empty() && matches!(backend, "" | "remote" | "identity")) || PAIRS.iter().any(known);
     p.check(fine, || {
         format!(
             "platform '{platform}' / backend '{backend}' is not a pair Plinth serves: 'onnxruntime_onnx' \
-             (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), backend 'remote', or platform \
-             '{ENSEMBLE_PLATFORM}'"
+             (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), backend 'remote', backend \
+             'identity', or platform '{ENSEMBLE_PLATFORM}'"
         )
     });
 }
@@ -551,6 +550,83 @@ mod tests {
             "'model_transaction_policy.decoupled' is set",
         ] {
             assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
+        }
+    }
+
+    #[test]
+    fn each_field_plinth_does_not_act_on_is_refused_by_name() {
+        let io = r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]"#;
+        let ensemble = r#"platform: "ensemble" max_batch_size: 1
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key: "x" value: "IN" }
+                                           output_map { key: "y" value: "OUT" } } ] }"#;
+        let cases = [
+            (
+                r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] is_shape_tensor: true } ]"#,
+                "input 'x': 'is_shape_tensor'",
+            ),
+            (
+                r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] is_non_linear_format_io: true } ]"#,
+                "input 'x': 'is_non_linear_format_io'",
+            ),
+            (
+                r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] allow_ragged_batch: true } ]"#,
+                "input 'x': 'allow_ragged_batch'",
+            ),
+            (
+                r#"output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] is_shape_tensor: true } ]"#,
+                "output 'y': 'is_shape_tensor'",
+            ),
+            (
+                r#"output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] is_non_linear_format_io: true } ]"#,
+                "output 'y': 'is_non_linear_format_io'",
+            ),
+            (r#"instance_group [ { profile: [ "0" ] } ]"#, "'profile'"),
+            (r#"instance_group [ { rate_limiter { priority: 1 } } ]"#, "'rate_limiter'"),
+            (
+                r#"instance_group [ { secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]"#,
+                "'secondary_devices'",
+            ),
+            (r#"instance_group [ { passive: true } ]"#, "'passive'"),
+            (r#"instance_group [ { host_policy: "numa0" } ]"#, "'host_policy'"),
+            ("optimization { priority: PRIORITY_MAX }", "'optimization.priority'"),
+            ("optimization { cuda { graphs: true } }", "'optimization.cuda'"),
+            ("optimization { execution_accelerators { } }", "'optimization.execution_accelerators'"),
+            ("optimization { input_pinned_memory { enable: true } }", "'optimization.input_pinned_memory'"),
+            ("optimization { output_pinned_memory { enable: true } }", "'optimization.output_pinned_memory'"),
+            ("optimization { gather_kernel_buffer_threshold: 1 }", "'optimization.gather_kernel_buffer_threshold'"),
+            ("optimization { eager_batching: true }", "'optimization.eager_batching'"),
+            (r#"runtime: "libcustom.so""#, "'runtime'"),
+            (
+                r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 source_input: "x" } ]"#,
+                "'batch_input'",
+            ),
+            (
+                r#"batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]"#,
+                "'batch_output'",
+            ),
+            (r#"cc_model_filenames { key: "7.5" value: "m.onnx" }"#, "'cc_model_filenames'"),
+            (r#"metric_tags { key: "team" value: "ocr" }"#, "'metric_tags'"),
+            (r#"model_operations { op_library_filename: "ops.so" }"#, "'model_operations'"),
+            (r#"model_repository_agents { agents [ { name: "checksum" } ] }"#, "'model_repository_agents'"),
+            ("model_metrics { }", "'model_metrics'"),
+            ("model_transaction_policy { decoupled: true }", "'model_transaction_policy.decoupled'"),
+            ("response_cache { enable: true }", "'response_cache.enable'"),
+            ("sequence_batching { }", "'sequence_batching' is not supported yet"),
+        ];
+        for (field, named) in cases {
+            let found = problems(&format!("platform: \"onnxruntime_onnx\" max_batch_size: 1 {io} {field}"));
+            assert!(found.iter().any(|f| f.contains(named)), "{field}: {named:?} not in {found:#?}");
+        }
+        for (field, named) in [
+            ("optimization { graph { level: 1 } }", "ensemble: 'optimization'"),
+            (
+                r#"model_warmup [ { name: "w" batch_size: 1 inputs { key: "IN" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]"#,
+                "ensemble: 'model_warmup'",
+            ),
+        ] {
+            let found = problems(&format!("{ensemble} {field}"));
+            assert!(found.iter().any(|f| f.contains(named)), "{field}: {named:?} not in {found:#?}");
         }
     }
 

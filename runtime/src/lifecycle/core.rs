@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::LoadLimits;
-use super::ensemble;
+use super::ensemble::{self, StepLabels};
 use super::loader::Loader;
 use super::request::LoadRequest;
 use crate::config::{self, ModelConfig, Signature};
@@ -219,13 +219,14 @@ impl Core {
         let name = &dir.name;
         let config = model_config(dir, config_json, options.rename)
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
+        let mut step_labels = StepLabels::new();
         if let Some(ensemble) = Ensemble::from_config(&config) {
             let signature = Signature::from_config(&config).map_err(LoadError::Failed);
             let ready = async {
                 ensemble::load_steps(self, name, &ensemble, options.chain).await?;
                 ensemble::check_steps(self, name, &signature?, &ensemble)
             };
-            ready.await.map_err(|e| self.cannot_load(name, e))?;
+            step_labels = ready.await.map_err(|e| self.cannot_load(name, e))?;
         }
         for folder in repository::ignored_folders(dir) {
             tracing::info!(model = %name, %folder, "ignoring a folder that is not a version number");
@@ -266,7 +267,7 @@ impl Core {
         let mut failures = Vec::new();
         for (version, key) in changed {
             self.registry.set_loading(name, version);
-            match self.load_version(dir, version, &config).await {
+            match self.load_version(dir, version, &config, &step_labels).await {
                 Ok((model, bytes)) => {
                     self.registry.set_ready(name, version, model, bytes);
                     record.loaded.insert(version, (key, bytes));
@@ -293,13 +294,14 @@ impl Core {
     }
 
     /// Loads one version off the async executor, at most
-    /// `--model-load-concurrency` at a time; returns the model and its
-    /// measured footprint in bytes.
+    /// `--model-load-concurrency` at a time; returns the model, given the
+    /// labels its ensemble steps write, and its measured footprint in bytes.
     async fn load_version(
         &self,
         dir: &ModelDir,
         version: u64,
         config: &ModelConfig,
+        step_labels: &StepLabels,
     ) -> Result<(Arc<Model>, u64), LoadError> {
         let _permit = self
             .load_permits
@@ -312,7 +314,8 @@ impl Core {
         let loading = tokio::task::spawn_blocking(move || loader.load(&dir, version, &config));
         let result = loading.await.map_err(|e| LoadError::Failed(format!("loading panicked: {e}")));
         self.metrics.residency.loads_in_progress.dec();
-        let (model, bytes) = result??;
+        let (mut model, bytes) = result??;
+        model.inherit_labels(step_labels.clone());
         Ok((Arc::new(model), bytes))
     }
 

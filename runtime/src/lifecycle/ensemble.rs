@@ -5,7 +5,7 @@
 //! `unload_dependents` takes the ensembles that use a model out with it,
 //! and an ensemble's steps with the ensemble.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use super::core::Core;
 use super::request::LoadRequest;
@@ -50,9 +50,15 @@ pub(super) async fn load_steps(
     Ok(())
 }
 
+/// Class labels by ensemble output, taken from the step outputs that write
+/// them.
+pub(super) type StepLabels = HashMap<String, Vec<String>>;
+
 /// Checks every step against its model, which is READY: the inputs it maps
 /// exist and every required one is mapped, the outputs it maps exist, and
 /// each ensemble tensor has one datatype wherever it is written and read.
+/// Returns the labels of the ensemble's outputs that steps write from
+/// outputs with labels.
 ///
 /// # Errors
 /// [`LoadError::Failed`] with every problem, naming the step and tensor.
@@ -61,8 +67,9 @@ pub(super) fn check_steps(
     name: &str,
     signature: &Signature,
     ensemble: &Ensemble,
-) -> Result<(), LoadError> {
+) -> Result<StepLabels, LoadError> {
     let mut problems = Vec::new();
+    let mut labels = StepLabels::new();
     // The datatype of each ensemble tensor, as the first writer gives it.
     let mut types: Vec<(String, DataType)> = signature.inputs.iter().map(|s| (s.name.clone(), s.datatype)).collect();
     let type_of = |types: &[(String, DataType)], tensor: &str| types.iter().find(|(t, _)| t == tensor).map(|(_, d)| *d);
@@ -104,6 +111,9 @@ pub(super) fn check_steps(
                     .push(at(&format!("the model has no output '{output}' ({})", names(&model.signature.outputs)))),
                 Some(spec) => types.push((tensor.clone(), spec.datatype)),
             }
+            if let Some(step_labels) = model.labels(output) {
+                labels.insert(tensor.clone(), step_labels.to_vec());
+            }
         }
     }
     for output in &signature.outputs {
@@ -115,7 +125,7 @@ pub(super) fn check_steps(
             _ => {}
         }
     }
-    if problems.is_empty() { Ok(()) } else { Err(LoadError::Failed(problems.join("; "))) }
+    if problems.is_empty() { Ok(labels) } else { Err(LoadError::Failed(problems.join("; "))) }
 }
 
 fn names(specs: &[TensorSpec]) -> String {

@@ -253,15 +253,17 @@ impl Lifecycle {
         }
     }
 
-    /// Load and unload are allowed in explicit and on_demand mode only.
+    /// Load and unload are allowed in explicit and on_demand mode only. The
+    /// refusal begins with Triton's text, which clients match on.
     fn explicit_mode(&self) -> Result<(), LoadError> {
+        const REFUSED: &str = "explicit model load / unload is not allowed if polling is enabled";
         match self.mode() {
             ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
-            ControlMode::ModelMesh => Err(LoadError::Invalid(
-                "in model control mode 'modelmesh' ModelMesh loads and unloads models (mmesh.ModelRuntime)".into(),
-            )),
-            mode => Err(LoadError::Invalid(format!(
-                "explicit model load and unload are not allowed in model control mode '{mode}'; start with --model-control-mode=explicit"
+            ControlMode::ModelMesh => Err(LoadError::NotAllowed(format!(
+                "{REFUSED}: in model control mode 'modelmesh' ModelMesh loads and unloads models (mmesh.ModelRuntime)"
+            ))),
+            mode => Err(LoadError::NotAllowed(format!(
+                "{REFUSED}: the model control mode is '{mode}'; start with --model-control-mode=explicit"
             ))),
         }
     }

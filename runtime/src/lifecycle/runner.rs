@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::Lifecycle;
+use crate::config::Signature;
 use crate::error::Error;
 use crate::model::OutputRequest;
 use crate::plugin::compose::BoxFuture;
@@ -27,6 +28,10 @@ impl ModelRunner for Lifecycle {
             let (outputs, _) = callee.infer(inputs, &requested, RequestOptions::default(), &runner).await?;
             Ok(outputs)
         })
+    }
+
+    fn signature(self: Arc<Self>, model: String, version: Option<u64>) -> BoxFuture<Result<Signature, Error>> {
+        Box::pin(async move { Ok(self.resolve(&model, version).await?.signature.clone()) })
     }
 
     fn predict(

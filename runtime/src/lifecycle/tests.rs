@@ -30,11 +30,11 @@ async fn none_loads_every_model_at_start_and_refuses_the_repository_api() {
     let refused = lifecycle.load("a", LoadRequest::default()).await.unwrap_err();
     assert_eq!(
         refused,
-        LoadError::Invalid(
-            "explicit model load and unload are not allowed in model control mode 'none'; start with --model-control-mode=explicit".into()
+        LoadError::NotAllowed(
+            "explicit model load / unload is not allowed if polling is enabled: the model control mode is 'none'; start with --model-control-mode=explicit".into()
         )
     );
-    assert!(matches!(lifecycle.unload("a", false).await, Err(Error::InvalidArgument(m)) if m.contains("mode 'none'")));
+    assert!(matches!(lifecycle.unload("a", false).await, Err(Error::Unavailable(m)) if m.contains("mode is 'none'")));
 }
 
 #[tokio::test]

@@ -1,11 +1,12 @@
 //! Which backend serves a model, where its `instance_group` instances run,
-//! and building them: ONNX Runtime sessions, TorchScript modules, or
-//! connections to a remote v2 server.
+//! and building them: ONNX Runtime sessions, TorchScript modules,
+//! connections to a remote v2 server, or identity models.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use super::Runtimes;
+use crate::backend::identity::{self, IdentityModel};
 use crate::backend::onnx::{self, SessionOptions};
 use crate::backend::remote::{RemoteConfig, RemoteModel};
 use crate::backend::{Backend, BackendKind, Placement};
@@ -55,6 +56,19 @@ pub fn load(
             RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)
         }
         BackendKind::Pytorch => load_torch(&file("model.pt"), signature, &placements, rt),
+        BackendKind::Identity => {
+            let delay = match config::parameter(config, identity::DELAY_PARAMETER) {
+                None => 0,
+                Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                    format!(
+                        "parameter '{}' must be a whole number of milliseconds, got '{v}'",
+                        identity::DELAY_PARAMETER
+                    )
+                })?,
+            };
+            let delay = std::time::Duration::from_millis(delay);
+            placements.iter().map(|_| IdentityModel::new(signature, delay)).collect::<Result<_, _>>().map(shared)
+        }
     }
 }
 

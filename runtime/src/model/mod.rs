@@ -139,7 +139,9 @@ impl Model {
         if let Some(ensemble) = Ensemble::from_config(config) {
             let signature = Signature::from_config(config)?;
             let metrics = rt.metrics.for_model(&dir.name, version);
-            return Ok(Model::ensemble(&dir.name, version, config, signature, ensemble, metrics));
+            let mut model = Model::ensemble(&dir.name, version, config, signature, ensemble, metrics);
+            model.labels = outputs::load_labels(config, &dir.path)?;
+            return Ok(model);
         }
         let policy = Policy::from_config(config)?;
         let version_dir = dir.version_path(version);
@@ -221,6 +223,22 @@ impl Model {
             metrics,
             plugin: None,
             labels: HashMap::new(),
+        }
+    }
+
+    /// The class labels of output `output`, if it has a `label_filename` (or
+    /// inherited them, for an ensemble).
+    pub fn labels(&self, output: &str) -> Option<&[String]> {
+        self.labels.get(output).map(Vec::as_slice)
+    }
+
+    /// Gives an ensemble's outputs that have no `label_filename` of their
+    /// own the labels of the step output that writes them, `labels` by
+    /// ensemble output, as Triton completes an ensemble's labels at load
+    /// (`model_lifecycle.cc`).
+    pub fn inherit_labels(&mut self, labels: HashMap<String, Vec<String>>) {
+        for (output, labels) in labels {
+            self.labels.entry(output).or_insert(labels);
         }
     }
 
@@ -315,9 +333,16 @@ impl Model {
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }
             Engine::Ensemble(ensemble) => {
-                let mut tensors = ensemble.run(&self.name, inputs, runner).await?;
-                let outputs = self.signature.outputs.iter().filter_map(|o| tensors.remove(&o.name)).collect();
-                (outputs, Timing::default())
+                let wanted: Vec<&str> = if requested.is_empty() {
+                    self.signature.outputs.iter().map(|o| o.name.as_str()).collect()
+                } else {
+                    requested.iter().map(|r| r.name.as_str()).collect()
+                };
+                // An ensemble's own reshape applies between its clients and
+                // its steps, as a backend's does.
+                let inputs = reshape::inputs(&self.signature, inputs);
+                let outputs = ensemble.run(&self.name, &self.signature, inputs, &wanted, runner).await?;
+                (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, Timing::default())
             }
         };
         check::check_outputs(&self.signature, &outputs, rows).map_err(|m| self.wrong_answer(m))?;

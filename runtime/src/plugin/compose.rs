@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::contract::wit;
 use super::convert::{tensor_from_wit, tensor_to_wit};
 use super::{RawRequest, RawResponse};
+use crate::config::Signature;
 use crate::error::Error;
 use crate::tensor::Tensor;
 
@@ -43,6 +44,14 @@ pub trait ModelRunner: Send + Sync {
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>>;
+
+    /// The signature of version `version` of `model`, resolved as
+    /// [`ModelRunner::infer`] resolves it (ensembles fit the tensors they
+    /// pass to a step to its batching).
+    ///
+    /// # Errors
+    /// As [`ModelRunner::infer`] for an unknown or unavailable model.
+    fn signature(self: Arc<Self>, model: String, version: Option<u64>) -> BoxFuture<Result<Signature, Error>>;
 
     /// Sends `request` through `model`'s plugin and model; `chain` names the
     /// models whose plugin already runs for the request, outermost first.

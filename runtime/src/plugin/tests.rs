@@ -42,6 +42,10 @@ impl ModelRunner for Runner {
         Box::pin(async move { Ok(inputs) })
     }
 
+    fn signature(self: Arc<Self>, model: String, _: Option<u64>) -> BoxFuture<Result<Signature, Error>> {
+        Box::pin(async move { Err(Error::NotFound(format!("no model '{model}' here"))) })
+    }
+
     fn predict(
         self: Arc<Self>,
         model: String,
@@ -156,12 +160,12 @@ async fn a_trapping_plugin_fails_its_call_and_the_next_call_gets_a_fresh_instanc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_past_its_time_or_memory_limit_is_stopped() {
     let limits =
-        PluginLimits { call_timeout: Duration::from_millis(200), memory_bytes: 64 << 20, ..PluginLimits::default() };
+        PluginLimits { call_timeout: Duration::from_millis(1000), memory_bytes: 64 << 20, ..PluginLimits::default() };
     let f = load(limits);
     let error = failed(f.preprocess("loop").await);
     assert_eq!(
         error,
-        "plugin 'faulty.wasm' of model 'm' exceeded its time limit of 200 ms in preprocess and was stopped"
+        "plugin 'faulty.wasm' of model 'm' exceeded its time limit of 1000 ms in preprocess and was stopped"
     );
     let error = failed(f.preprocess("alloc").await);
     assert!(error.contains("memory allocation of 1073741824 bytes failed"), "{error}");

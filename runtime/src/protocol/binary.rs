@@ -9,6 +9,7 @@
 use serde_json::Value;
 
 use super::json::{InferRequest, InferResponse, InputTensor, OutputTensor};
+use super::parameters::{self, Front, Level};
 use crate::config::Signature;
 use crate::error::Error;
 use crate::tensor::{Tensor, TensorSpec, push_bytes_element, request_datatype};
@@ -61,6 +62,7 @@ fn json(bytes: &[u8]) -> Result<InferRequest, Error> {
 /// Converts each input, taking the binary ones' bytes from `binary` in
 /// order; `None` when the body has no binary part.
 fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, Error> {
+    check_parameters(&request)?;
     let has_binary = binary.is_some();
     let mut binary = binary.unwrap_or_default();
     let inputs = std::mem::take(&mut request.inputs);
@@ -103,6 +105,22 @@ fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, 
     Ok(Decoded { request, tensors })
 }
 
+/// Refuses the parameters, of the request, an input or an output, that
+/// Plinth does not act on.
+fn check_parameters(request: &InferRequest) -> Result<(), Error> {
+    fn keys(map: &serde_json::Map<String, Value>) -> impl Iterator<Item = &str> {
+        map.keys().map(String::as_str)
+    }
+    parameters::check(Level::Request, Front::Http, "", keys(&request.parameters))?;
+    for input in &request.inputs {
+        parameters::check(Level::Input, Front::Http, &format!("input '{}'", input.name), keys(&input.parameters))?;
+    }
+    for output in request.outputs.iter().flatten() {
+        parameters::check(Level::Output, Front::Http, &format!("output '{}'", output.name), keys(&output.parameters))?;
+    }
+    Ok(())
+}
+
 /// The input's `binary_data_size` parameter, if it has one. Also reads the
 /// outputs of a remote server's response, which have the same fields.
 ///
@@ -138,16 +156,25 @@ pub fn binary_tensor(input: InputTensor, data: Vec<u8>) -> Result<Tensor, Error>
 /// the body's size, and a batch of one (Triton's deduction); one with fixed
 /// dimensions in a batching model gets as many rows as the body holds.
 fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
+    // The refusals begin with Triton's texts (`infer_request.cc`).
     let [spec] = signature.inputs.as_slice() else {
         return Err(bad(format!(
-            "{HEADER_LENGTH}: 0 sends the body as the model's only input, but the model has {} inputs",
+            "Raw request must only have 1 input (found 1) to be deduced but got {} inputs in the model \
+             configuration: {HEADER_LENGTH}: 0 sends the body as the model's only input",
             signature.inputs.len()
         )));
     };
     let batching = signature.max_batch_size > 0;
     let (shape, data) = match spec.datatype.element_size() {
         None => {
-            let mut shape: Vec<i64> = spec.dims.iter().map(|&d| d.max(1)).collect();
+            if spec.dims.iter().any(|&d| d != 1) {
+                return Err(bad(format!(
+                    "For BYTE datatype raw input '{}', the model must have input shape [1] (its dims are {:?}): \
+                     the body is one element",
+                    spec.name, spec.dims
+                )));
+            }
+            let mut shape = spec.dims.clone();
             if batching {
                 shape.insert(0, 1);
             }
@@ -193,7 +220,8 @@ fn raw_shape(spec: &TensorSpec, batching: bool, len: usize, size: usize) -> Resu
         [_] => return Err(unfilled("element of its variable dimension")),
         _ => {
             return Err(bad(format!(
-                "the shape of the raw input '{}' cannot be deduced: its dims {:?} have more than one variable-size dimension",
+                "The shape of the raw input '{}' can not be deduced because there are more than one variable-sized \
+                 dimension (its dims are {:?})",
                 spec.name, spec.dims
             )));
         }
@@ -319,6 +347,8 @@ mod tests {
         assert!(wants_binary(&decoded.request, "any output"), "a raw request is answered in binary");
         let decoded = decode(zero, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1]);
+        let many = decode(zero, b"hello", &signature(DataType::Bytes, &[-1], 0)).err().unwrap().to_string();
+        assert!(many.starts_with("For BYTE datatype raw input 'x', the model must have input shape [1]"), "{many}");
         assert!(decode(zero, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
         // One variable dimension is deduced from the size, with a batch of one.
         let decoded = decode(zero, &raw, &signature(DataType::Int16, &[2, -1], 8)).unwrap();
@@ -326,7 +356,7 @@ mod tests {
         let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[-1], 0)).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![4]);
         let two = decode(zero, &raw, &signature(DataType::Fp32, &[-1, -1], 0)).err().unwrap().to_string();
-        assert!(two.contains("more than one variable-size dimension"), "{two}");
+        assert!(two.contains("more than one variable-sized dimension"), "{two}");
         let odd = decode(zero, &raw[..6], &signature(DataType::Fp32, &[-1], 0)).err().unwrap().to_string();
         assert!(odd.contains("does not fill input 'x' (FP32 of 4 bytes per element"), "{odd}");
     }

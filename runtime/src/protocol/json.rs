@@ -167,9 +167,21 @@ impl InputTensor {
                 "{datatype} has no JSON representation; send it with the binary tensor data extension"
             )));
         }
-        let expected = element_count(&self.shape)
-            .filter(|n| n.checked_mul(datatype.element_size().unwrap_or(4)).is_some())
-            .ok_or_else(|| bad(format!("shape {:?} has too many elements", self.shape)))?;
+        // Both limits and their texts are Triton's (`http_server.cc`).
+        let max = i64::MAX as usize;
+        let expected = element_count(&self.shape).filter(|&n| n <= max).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "invalid shape for input '{name}': shape {:?} causes total element count to exceed maximum size of {max}",
+                self.shape
+            ))
+        })?;
+        let size = datatype.element_size().unwrap_or(4);
+        if expected.checked_mul(size).is_none_or(|bytes| bytes > max) {
+            return Err(Error::InvalidArgument(format!(
+                "byte size overflow for input '{name}': element count ({expected}) * data type size ({size}) exceeds \
+                 maximum allowed size ({max})"
+            )));
+        }
         let mut data = Vec::new();
         let mut count = 0usize;
         flatten(&self.data, &self.shape, &mut |v| {
@@ -384,8 +396,11 @@ mod tests {
         assert!(err.contains("binary tensor data extension"), "{err}");
         let err = input("FP32", &[1], json!([1e39])).into_tensor().unwrap_err().to_string();
         assert!(err.contains("out of range for FP32"), "{err}");
-        let err = input("FP32", &[1, 3, 1 << 61], json!([])).into_tensor().unwrap_err().to_string();
-        assert!(err.contains("too many elements"), "{err}");
+        // Triton's texts for both overflows (`http_server.cc`).
+        let err = input("FP32", &[16, (1 << 60) + 2], json!([1])).into_tensor().unwrap_err().to_string();
+        assert!(err.contains("causes total element count to exceed maximum size of 9223372036854775807"), "{err}");
+        let err = input("FP32", &[4, (1 << 60) + 2], json!([1])).into_tensor().unwrap_err().to_string();
+        assert!(err.starts_with("byte size overflow for input 'x': element count (4611686018427387912)"), "{err}");
     }
 
     #[test]

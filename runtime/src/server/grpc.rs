@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::restrictions::{Api, Restrictions};
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
@@ -40,6 +42,21 @@ impl From<Error> for Status {
     }
 }
 
+impl Grpc {
+    /// Refuses a request to `api` without the metadata
+    /// `--grpc-restricted-protocol` asks for, with Triton's status and text.
+    fn allow<T>(&self, api: Api, request: &Request<T>) -> Result<(), Status> {
+        restricted(&self.service.grpc_restrictions, api, request.metadata())
+    }
+}
+
+/// [`Grpc::allow`] over `metadata`; also the check of the health service.
+pub fn restricted(restrictions: &Restrictions, api: Api, metadata: &MetadataMap) -> Result<(), Status> {
+    restrictions
+        .check(api, |key| metadata.get(key).and_then(|v| v.to_str().ok()))
+        .map_err(|missing| Status::unavailable(format!("This protocol is restricted, expecting header '{missing}'")))
+}
+
 /// An empty version field means "the server's choice".
 fn version(v: &str) -> Result<Option<u64>, Error> {
     if v.is_empty() { Ok(None) } else { service::parse_version(v).map(Some) }
@@ -47,21 +64,25 @@ fn version(v: &str) -> Result<Option<u64>, Error> {
 
 #[tonic::async_trait]
 impl GrpcInferenceService for Grpc {
-    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Answer<pb::ServerLiveResponse> {
+    async fn server_live(&self, request: Request<pb::ServerLiveRequest>) -> Answer<pb::ServerLiveResponse> {
+        self.allow(Api::Health, &request)?;
         Ok(Response::new(pb::ServerLiveResponse { live: true }))
     }
 
-    async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Answer<pb::ServerReadyResponse> {
+    async fn server_ready(&self, request: Request<pb::ServerReadyRequest>) -> Answer<pb::ServerReadyResponse> {
+        self.allow(Api::Health, &request)?;
         Ok(Response::new(pb::ServerReadyResponse { ready: self.service.is_ready() }))
     }
 
     async fn model_ready(&self, request: Request<pb::ModelReadyRequest>) -> Answer<pb::ModelReadyResponse> {
+        self.allow(Api::Health, &request)?;
         let r = request.into_inner();
         let ready = self.service.model_ready(&r.name, version(&r.version)?).is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
-    async fn server_metadata(&self, _: Request<pb::ServerMetadataRequest>) -> Answer<pb::ServerMetadataResponse> {
+    async fn server_metadata(&self, request: Request<pb::ServerMetadataRequest>) -> Answer<pb::ServerMetadataResponse> {
+        self.allow(Api::Metadata, &request)?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: SERVER_NAME.into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -70,6 +91,7 @@ impl GrpcInferenceService for Grpc {
     }
 
     async fn model_metadata(&self, request: Request<pb::ModelMetadataRequest>) -> Answer<pb::ModelMetadataResponse> {
+        self.allow(Api::Metadata, &request)?;
         let model_id = mesh_model_id(&request);
         let mut r = request.into_inner();
         if let Some(id) = model_id {
@@ -95,6 +117,7 @@ impl GrpcInferenceService for Grpc {
     }
 
     async fn model_infer(&self, request: Request<pb::ModelInferRequest>) -> Answer<pb::ModelInferResponse> {
+        self.allow(Api::Inference, &request)?;
         let _counted = self.service.begin_inference()?;
         let model_id = mesh_model_id(&request);
         let mut r = request.into_inner();
@@ -114,12 +137,14 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Answer<Self::ModelStreamInferStream> {
+        self.allow(Api::Inference, &request)?;
         let (answers, stream) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         tokio::spawn(serve_stream(self.service.clone(), request.into_inner(), answers));
         Ok(Response::new(ReceiverStream::new(stream)))
     }
 
     async fn model_config(&self, request: Request<pb::ModelConfigRequest>) -> Answer<pb::ModelConfigResponse> {
+        self.allow(Api::ModelConfig, &request)?;
         let r = request.into_inner();
         let config = self.service.model_config(&r.name, version(&r.version)?).await?;
         Ok(Response::new(pb::ModelConfigResponse { config: Some(config) }))
@@ -129,6 +154,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Answer<pb::ModelStatisticsResponse> {
+        self.allow(Api::Statistics, &request)?;
         let r = request.into_inner();
         let name = (!r.name.is_empty()).then_some(r.name.as_str());
         let stats = self.service.statistics(name, version(&r.version)?)?;
@@ -139,6 +165,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Answer<pb::RepositoryIndexResponse> {
+        self.allow(Api::ModelRepository, &request)?;
         let r = request.into_inner();
         unnamed_repository(&r.repository_name)?;
         let ready_only = r.ready;
@@ -161,6 +188,7 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Answer<pb::RepositoryModelLoadResponse> {
         use pb::model_repository_parameter::ParameterChoice as P;
+        self.allow(Api::ModelRepository, &request)?;
         let r = request.into_inner();
         unnamed_repository(&r.repository_name)?;
         let mut load = LoadRequest::default();
@@ -194,6 +222,7 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Answer<pb::RepositoryModelUnloadResponse> {
         use pb::model_repository_parameter::ParameterChoice as P;
+        self.allow(Api::ModelRepository, &request)?;
         let r = request.into_inner();
         unnamed_repository(&r.repository_name)?;
         let mut dependents = false;
@@ -215,6 +244,7 @@ impl GrpcInferenceService for Grpc {
     }
 
     async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {
+        self.allow(Api::Trace, &request)?;
         let r = request.into_inner();
         self.service.trace_settings((!r.model_name.is_empty()).then_some(r.model_name.as_str()))?;
         Ok(Response::new(pb::TraceSettingResponse::default()))
@@ -222,6 +252,7 @@ impl GrpcInferenceService for Grpc {
 
     async fn log_settings(&self, request: Request<pb::LogSettingsRequest>) -> Answer<pb::LogSettingsResponse> {
         use pb::log_settings_request::setting_value::ParameterChoice as P;
+        self.allow(Api::Logging, &request)?;
         let update: serde_json::Map<String, serde_json::Value> = request
             .into_inner()
             .settings
@@ -280,6 +311,7 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let inferred = service
         .infer(&m, |_| {
+            check_parameters(&parameters, &inputs, &outputs)?;
             let options = RequestOptions {
                 priority: uint_parameter(&parameters, "priority")?,
                 timeout_us: uint_parameter(&parameters, "timeout")?,
@@ -385,6 +417,24 @@ fn requested_output(o: &pb::model_infer_request::InferRequestedOutputTensor) -> 
         }
     };
     Ok(OutputRequest { name: o.name.clone(), classification })
+}
+
+/// Refuses the parameters, of the request, an input or an output, that
+/// Plinth does not act on.
+fn check_parameters(
+    parameters: &std::collections::HashMap<String, pb::InferParameter>,
+    inputs: &[pb::model_infer_request::InferInputTensor],
+    outputs: &[pb::model_infer_request::InferRequestedOutputTensor],
+) -> Result<(), Error> {
+    use crate::protocol::parameters::{Front, Level, check};
+    check(Level::Request, Front::Grpc, "", parameters.keys().map(String::as_str))?;
+    for i in inputs {
+        check(Level::Input, Front::Grpc, &format!("input '{}'", i.name), i.parameters.keys().map(String::as_str))?;
+    }
+    for o in outputs {
+        check(Level::Output, Front::Grpc, &format!("output '{}'", o.name), o.parameters.keys().map(String::as_str))?;
+    }
+    Ok(())
 }
 
 /// A non-negative integer request parameter (`priority`, `timeout`).

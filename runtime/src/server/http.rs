@@ -12,36 +12,61 @@ use axum::routing::{get, post};
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 
+use super::restrictions::Api;
 use super::{ApiError, Service, routes};
 
-/// The KServe v2 routes over `service`.
+/// The KServe v2 routes over `service`, each group of them behind its
+/// `--http-restricted-api` header check where one is set.
 pub fn router(service: Arc<Service>) -> Router {
     let inference = Router::new()
         .route("/v2/models/{model}/infer", post(routes::infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
         .route("/v2/models/{model}/predict", post(routes::predict))
         .route("/v2/models/{model}/versions/{version}/predict", post(routes::predict))
-        .route_layer(middleware::from_fn_with_state(service.clone(), track_inference));
-    Router::new()
+        .route_layer(middleware::from_fn_with_state(service.clone(), track_inference))
+        // Only inference answers are compressed, as in Triton: clients such
+        // as tritonclient's aio client send `Accept-Encoding: gzip` on every
+        // call and decompress only inference bodies.
+        .layer(CompressionLayer::new());
+    let health = Router::new()
         .route("/v2/health/live", get(routes::live))
         .route("/v2/health/ready", get(routes::ready))
+        .route("/v2/models/{model}/ready", get(routes::model_ready))
+        .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready));
+    let metadata = Router::new()
         .route("/v2", get(routes::server_metadata))
         .route("/v2/models/{model}", get(routes::model_metadata))
-        .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata))
-        .route("/v2/models/{model}/ready", get(routes::model_ready))
+        .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata));
+    let model_config = Router::new()
         .route("/v2/models/{model}/config", get(routes::model_config))
-        .route("/v2/models/{model}/versions/{version}/config", get(routes::model_config))
+        .route("/v2/models/{model}/versions/{version}/config", get(routes::model_config));
+    let statistics = Router::new()
         .route("/v2/models/stats", get(routes::model_stats))
         .route("/v2/models/{model}/stats", get(routes::model_stats))
-        .route("/v2/models/{model}/versions/{version}/stats", get(routes::model_stats))
-        .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready))
-        .route("/v2/logging", get(routes::log_settings).post(routes::update_log_settings))
-        .route("/v2/trace/setting", get(routes::trace_settings).post(routes::trace_settings))
-        .route("/v2/models/{model}/trace/setting", get(routes::model_trace_settings).post(routes::model_trace_settings))
+        .route("/v2/models/{model}/versions/{version}/stats", get(routes::model_stats));
+    let logging = Router::new().route("/v2/logging", get(routes::log_settings).post(routes::update_log_settings));
+    let trace =
+        Router::new().route("/v2/trace/setting", get(routes::trace_settings).post(routes::trace_settings)).route(
+            "/v2/models/{model}/trace/setting",
+            get(routes::model_trace_settings).post(routes::model_trace_settings),
+        );
+    let repository = Router::new()
         .route("/v2/repository/index", post(routes::repository_index))
         .route("/v2/repository/models/{model}/load", post(routes::load_model))
-        .route("/v2/repository/models/{model}/unload", post(routes::unload_model))
-        .merge(inference)
+        .route("/v2/repository/models/{model}/unload", post(routes::unload_model));
+    let groups = [
+        (Api::Inference, inference),
+        (Api::Health, health),
+        (Api::Metadata, metadata),
+        (Api::ModelConfig, model_config),
+        (Api::Statistics, statistics),
+        (Api::Logging, logging),
+        (Api::Trace, trace),
+        (Api::ModelRepository, repository),
+    ];
+    groups
+        .into_iter()
+        .fold(Router::new(), |all, (api, routes)| all.merge(restricted(&service, api, routes)))
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::wrong_method)
         // The limit applies to the body after decompression, so a small
@@ -49,8 +74,31 @@ pub fn router(service: Arc<Service>) -> Router {
         .layer(DefaultBodyLimit::max(service.max_body_bytes))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::map_response(explain_unsupported_encoding))
-        .layer(CompressionLayer::new())
         .with_state(service)
+}
+
+/// `routes` behind the header check of `api`, if `--http-restricted-api`
+/// restricts it.
+fn restricted(service: &Arc<Service>, api: Api, routes: Router<Arc<Service>>) -> Router<Arc<Service>> {
+    if !service.http_restrictions.restricts(api) {
+        return routes;
+    }
+    routes.route_layer(middleware::from_fn_with_state((service.clone(), api), require_header))
+}
+
+/// 403 with Triton's text unless the request carries the header its API
+/// group requires.
+async fn require_header(State((service, api)): State<(Arc<Service>, Api)>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match service.http_restrictions.check(api, header) {
+        Ok(()) => next.run(request).await,
+        Err(missing) => ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!("This API is restricted, expecting header '{missing}'"),
+        )
+        .into_response(),
+    }
 }
 
 /// The decompression layer refuses an unknown `Content-Encoding` with an

@@ -13,6 +13,7 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use super::restrictions::Api;
 use super::{ServeOptions, Service, grpc, modelmesh};
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::lifecycle::ControlMode;
@@ -109,6 +110,12 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
     let mesh = (service.lifecycle.mode() == ControlMode::ModelMesh)
         .then(|| ModelRuntimeServer::new(modelmesh::MeshRuntime { service: service.clone() }));
     let (health, health_service) = tonic_health::server::health_reporter();
+    // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
+    let restrictions = service.grpc_restrictions.clone();
+    let health_service = tonic::service::interceptor::InterceptedService::new(health_service, move |request| {
+        grpc::restricted(&restrictions, Api::Health, tonic::Request::metadata(&request))?;
+        Ok(request)
+    });
     let watched = service.clone();
     tokio::spawn(async move {
         // The health service follows readiness, within HEALTH_INTERVAL.

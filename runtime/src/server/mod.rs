@@ -10,6 +10,7 @@ pub mod http;
 mod listeners;
 pub mod logging;
 mod modelmesh;
+pub mod restrictions;
 mod routes;
 pub mod service;
 mod shutdown;
@@ -68,6 +69,10 @@ pub struct ServeOptions {
     pub plugin_limits: PluginLimits,
     /// Where compiled plugins are cached; `None` disables the cache.
     pub plugin_cache_dir: Option<PathBuf>,
+    /// `--http-restricted-api`: HTTP APIs that need a header.
+    pub http_restrictions: restrictions::Restrictions,
+    /// `--grpc-restricted-protocol`: gRPC APIs that need a header.
+    pub grpc_restrictions: restrictions::Restrictions,
 }
 
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
@@ -84,6 +89,8 @@ pub struct ServeOptions {
 pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result<(), String> {
     let mut service = start_service(&opts)?;
     service.logging = Some(logging);
+    service.http_restrictions = opts.http_restrictions.clone();
+    service.grpc_restrictions = opts.grpc_restrictions.clone();
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));

@@ -54,7 +54,7 @@ impl MeshRuntime {
 fn load_status(e: LoadError) -> Status {
     let message = e.to_string();
     match e {
-        LoadError::Invalid(_) => Status::invalid_argument(message),
+        LoadError::Invalid(_) | LoadError::NotAllowed(_) => Status::invalid_argument(message),
         LoadError::NoRoom(_) => Status::failed_precondition(message),
         LoadError::Failed(_) => Status::internal(message),
         LoadError::Aborted(_) => Status::aborted(message),

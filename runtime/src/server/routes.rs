@@ -273,8 +273,14 @@ pub async fn repository_index(
     let ready_only = if body.is_empty() {
         false
     } else {
-        let request: IndexRequest = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("malformed repository index request: {e}")))?;
+        // A `ready` of another type is refused with Triton's text, before
+        // its value is read (so however deep it nests).
+        let request: IndexRequest = serde_json::from_slice(&body).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => {
+                ApiError::bad_request(format!("Invalid value for 'ready': expected a boolean ({e})"))
+            }
+            _ => ApiError::bad_request(format!("malformed repository index request: {e}")),
+        })?;
         request.ready
     };
     Ok(Json(serde_json::to_value(service.repository_index(ready_only)).expect("index rows serialise")))
@@ -421,7 +427,11 @@ pub async fn wrong_method() -> ApiError {
 
 fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
     let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        format!("the request body is larger than {} bytes (--http-max-body-bytes)", service.max_body_bytes)
+        // Begins as Triton's text, which clients match on.
+        let max = service.max_body_bytes;
+        format!(
+            "request JSON size of more than {max} bytes exceeds the maximum allowed input size of {max} bytes (--http-max-body-bytes)"
+        )
     } else {
         format!("cannot read the request body: {}", e.body_text())
     };

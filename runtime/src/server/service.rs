@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::logging::Logging;
+use super::restrictions::Restrictions;
 use crate::config::ModelConfig;
 use crate::error::Error;
 use crate::lifecycle::{Lifecycle, LoadRequest};
@@ -57,6 +58,10 @@ pub struct Service {
     /// The process's log, whose level the logging extension changes;
     /// `None` where no log was set up (unit tests).
     pub logging: Option<Arc<Logging>>,
+    /// `--http-restricted-api`: the HTTP APIs that need a header.
+    pub http_restrictions: Restrictions,
+    /// `--grpc-restricted-protocol`: the gRPC APIs that need a header.
+    pub grpc_restrictions: Restrictions,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -92,6 +97,8 @@ impl Service {
             strict_readiness,
             max_body_bytes,
             logging: None,
+            http_restrictions: Restrictions::default(),
+            grpc_restrictions: Restrictions::default(),
         }
     }
 

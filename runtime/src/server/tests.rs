@@ -108,7 +108,12 @@ async fn a_body_over_the_limit_is_a_413_naming_the_flag() {
     let big = " ".repeat((1 << 20) + 1);
     let (status, body) = call(&service, "POST", "/v2/models/twice/infer", &big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(body, error("the request body is larger than 1048576 bytes (--http-max-body-bytes)"));
+    assert_eq!(
+        body,
+        error(
+            "request JSON size of more than 1048576 bytes exceeds the maximum allowed input size of 1048576 bytes (--http-max-body-bytes)"
+        )
+    );
 }
 
 #[tokio::test]
@@ -130,8 +135,8 @@ async fn the_repository_index_lists_versions_in_numeric_order() {
 async fn load_and_unload_follow_the_control_mode() {
     let (_repo, service) = started(ControlMode::None).await;
     let (status, body) = call(&service, "POST", "/v2/repository/models/twice/unload", "").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body["error"].as_str().unwrap().contains("not allowed in model control mode 'none'"), "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body["error"].as_str().unwrap().starts_with("explicit model load / unload is not allowed"), "{body}");
 
     let (_repo, service) = started(ControlMode::Explicit).await;
     assert_eq!(call(&service, "POST", "/v2/repository/models/twice/unload", "").await, (StatusCode::OK, json!({})));
@@ -184,4 +189,47 @@ async fn readiness_and_new_inference_follow_shutdown() {
     let refused = call(&service, "POST", "/v2/models/twice/infer", request).await;
     assert_eq!(refused, (StatusCode::SERVICE_UNAVAILABLE, error("the server is shutting down")));
     assert_eq!(service.in_flight.load(Ordering::Acquire), 0, "a refused request is not left counted");
+}
+
+#[tokio::test]
+async fn only_inference_answers_are_compressed() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let send = |path: &str, method: &str, body: &str| {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("accept-encoding", "gzip")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        router(service.clone()).oneshot(request)
+    };
+    let infer = r#"{"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}"#;
+    let response = send("/v2/models/twice/infer", "POST", infer).await.unwrap();
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    for path in ["/v2", "/v2/models/twice", "/v2/models/twice/config", "/v2/models/stats"] {
+        let response = send(path, "GET", "").await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert!(!response.headers().contains_key("content-encoding"), "{path} is not compressed");
+    }
+}
+
+#[tokio::test]
+async fn restricted_apis_need_their_header() {
+    use super::restrictions::{Front, Restrictions};
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let mut service = Arc::into_inner(service).unwrap();
+    service.http_restrictions =
+        Restrictions::parse(&["model-repository,statistics:admin-key=secret".into()], Front::Http).unwrap();
+    let service = Arc::new(service);
+    let refused = error("This API is restricted, expecting header 'admin-key'");
+    assert_eq!(call(&service, "POST", "/v2/repository/index", "").await, (StatusCode::FORBIDDEN, refused.clone()));
+    assert_eq!(call(&service, "GET", "/v2/models/twice/stats", "").await, (StatusCode::FORBIDDEN, refused));
+    let with_header = |path: &str, value: &str| {
+        let request =
+            Request::builder().method("POST").uri(path).header("Admin-Key", value).body(Body::empty()).unwrap();
+        router(service.clone()).oneshot(request)
+    };
+    assert_eq!(with_header("/v2/repository/index", "secret").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(with_header("/v2/repository/index", "guess").await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(call(&service, "GET", "/v2/models/twice", "").await.0, StatusCode::OK, "metadata is not restricted");
 }
