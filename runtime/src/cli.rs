@@ -207,6 +207,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
     pub grpc_restricted_protocol: Vec<String>,
 
+    /// Let clients register and unregister system shared memory regions
+    /// (`/v2/systemsharedmemory`, Triton's flag and default).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_client_shm: bool,
+
     /// Verbose logging level: 0 info, 1 debug, 2 trace.
     #[arg(long, default_value_t = 0)]
     pub log_verbose: u8,
@@ -299,6 +304,7 @@ impl ServeArgs {
             },
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
+            allow_client_shm: self.allow_client_shm,
         })
     }
 }

@@ -14,6 +14,10 @@ pub enum Error {
     /// No such model, version or route (HTTP 404).
     #[error("{0}")]
     NotFound(String),
+    /// What the request would create exists already (HTTP 400 as in
+    /// Triton, gRPC ALREADY_EXISTS).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The model exists but cannot serve now (HTTP 503).
     #[error("{0}")]
     Unavailable(String),

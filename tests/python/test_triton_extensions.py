@@ -214,4 +214,4 @@ def test_trace_settings_are_refused_and_metadata_lists_what_is_implemented(serve
     assert "for model 'cls'" in failure.value.message()
     extensions = httpclient.InferenceServerClient(url=server.url).get_server_metadata()["extensions"]
     assert extensions == ["binary_tensor_data", "classification", "logging", "model_configuration",
-                          "model_repository", "schedule_policy", "statistics"]
+                          "model_repository", "schedule_policy", "statistics", "system_shared_memory"]

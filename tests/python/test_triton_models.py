@@ -303,7 +303,8 @@ def post_infer(server, model, body):
 @pytest.mark.parametrize("where, parameters, named", [
     ("request", {"sequence_id": 7}, "request parameter 'sequence_id' is not supported"),
     ("request", {"my_flag": True}, "unknown request parameter 'my_flag'"),
-    ("input", {"shared_memory_region": "r"}, "input 'INPUT0' parameter 'shared_memory_region' is not supported"),
+    ("request", {"shared_memory_region": "r"}, "unknown request parameter 'shared_memory_region'"),
+    ("input", {"binary_data": True}, "unknown input 'INPUT0' parameter 'binary_data'"),
     ("output", {"binary": True}, "unknown output 'OUTPUT0' parameter 'binary'"),
 ])
 def test_request_parameters_plinth_does_not_act_on_are_refused_by_name(server, where, parameters, named):

@@ -47,7 +47,9 @@ impl From<&Error> for FailureReason {
         match e {
             Error::Overloaded(_) => FailureReason::Rejected,
             Error::Internal(_) | Error::BadGateway(_) | Error::Unavailable(_) => FailureReason::Backend,
-            Error::InvalidArgument(_) | Error::NotFound(_) | Error::Unsupported(_) => FailureReason::Other,
+            Error::InvalidArgument(_) | Error::NotFound(_) | Error::AlreadyExists(_) | Error::Unsupported(_) => {
+                FailureReason::Other
+            }
         }
     }
 }

@@ -201,6 +201,7 @@ fn in_step(name: &str, i: usize, step: &Step, e: Error) -> Error {
     match e {
         Error::InvalidArgument(m) => Error::InvalidArgument(wrap(m)),
         Error::NotFound(m) => Error::Unavailable(wrap(m)),
+        Error::AlreadyExists(m) => Error::AlreadyExists(wrap(m)),
         Error::Unavailable(m) => Error::Unavailable(wrap(m)),
         Error::Overloaded(m) => Error::Overloaded(wrap(m)),
         Error::BadGateway(m) => Error::BadGateway(wrap(m)),

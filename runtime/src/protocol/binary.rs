@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::json::{InferRequest, InferResponse, InputTensor, OutputTensor};
 use super::parameters::{self, Front, Level};
+use super::shared_memory::{self, RegionRef, Regions};
 use crate::config::Signature;
 use crate::error::Error;
 use crate::tensor::{Tensor, TensorSpec, push_bytes_element, request_datatype};
@@ -25,7 +26,8 @@ pub struct Decoded {
     pub tensors: Vec<Tensor>,
 }
 
-/// Reads an `/infer` body; `header_length` is the value of its
+/// Reads an `/infer` body for `model` (its name and signature);
+/// `header_length` is the value of its
 /// `Inference-Header-Content-Length` header, if it has one. Without it the
 /// body is all JSON; with it, the JSON header is followed by binary tensor
 /// data; with the value 0 the whole body is the raw data of the model's only
@@ -36,10 +38,18 @@ pub struct Decoded {
 /// not a number within the body's length, malformed JSON, an input with
 /// both or neither of `data` and `binary_data_size`, a size past the end of
 /// the body, bytes left over, or data that does not fill the input's shape
-/// (including a `BYTES` element length past the end).
-pub fn decode(header_length: Option<&[u8]>, body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
+/// (including a `BYTES` element length past the end). An input whose
+/// parameters name a shared memory region is read from `regions`, with
+/// their errors.
+pub fn decode(
+    header_length: Option<&[u8]>,
+    body: &[u8],
+    model: (&str, &Signature),
+    regions: &dyn Regions,
+) -> Result<Decoded, Error> {
+    let (name, signature) = model;
     let Some(value) = header_length else {
-        return tensors(json(body)?, None);
+        return tensors(json(body)?, None, name, regions);
     };
     let text = String::from_utf8_lossy(value);
     let length = text.trim().parse::<usize>().ok().filter(|&n| n <= body.len()).ok_or_else(|| {
@@ -52,7 +62,7 @@ pub fn decode(header_length: Option<&[u8]>, body: &[u8], signature: &Signature) 
         return raw_input(body, signature);
     }
     let (header, binary) = body.split_at(length);
-    tensors(json(header)?, Some(binary))
+    tensors(json(header)?, Some(binary), name, regions)
 }
 
 fn json(bytes: &[u8]) -> Result<InferRequest, Error> {
@@ -60,14 +70,25 @@ fn json(bytes: &[u8]) -> Result<InferRequest, Error> {
 }
 
 /// Converts each input, taking the binary ones' bytes from `binary` in
-/// order; `None` when the body has no binary part.
-fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, Error> {
+/// order (`None` when the body has no binary part), and the shared memory
+/// ones' from `regions`.
+fn tensors(
+    mut request: InferRequest,
+    binary: Option<&[u8]>,
+    model: &str,
+    regions: &dyn Regions,
+) -> Result<Decoded, Error> {
     check_parameters(&request)?;
     let has_binary = binary.is_some();
     let mut binary = binary.unwrap_or_default();
     let inputs = std::mem::take(&mut request.inputs);
     let mut tensors = Vec::with_capacity(inputs.len());
     for input in inputs {
+        if let Some(at) = region(&input.name, &input.parameters)? {
+            one_source(&input)?;
+            tensors.push(shared_memory::input_tensor(model, input.name, &input.datatype, input.shape, &at, regions)?);
+            continue;
+        }
         let tensor = match binary_size(&input)? {
             None => input.into_tensor()?,
             Some(_) if !has_binary => {
@@ -103,6 +124,49 @@ fn tensors(mut request: InferRequest, binary: Option<&[u8]>) -> Result<Decoded, 
         )));
     }
     Ok(Decoded { request, tensors })
+}
+
+/// Refuses an input in shared memory that also has `data` or
+/// `binary_data_size` (Triton's text).
+fn one_source(input: &InputTensor) -> Result<(), Error> {
+    let binary = input.parameters.contains_key("binary_data_size");
+    if input.data.is_null() && !binary {
+        return Ok(());
+    }
+    let set = [(!input.data.is_null(), " 'data'"), (binary, " 'binary_data_size'"), (true, " 'shared_memory_region'")];
+    let set: String = set.iter().filter(|(is, _)| *is).map(|(_, name)| *name).collect();
+    Err(bad(format!(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', \
+         'shared_memory_region' in 'parameters'. But set{set} (input '{}')",
+        input.name
+    )))
+}
+
+/// The shared memory place the JSON `parameters` of tensor `name` (an
+/// input or a requested output) give, if any.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a region that is not a string, an offset
+/// or size that is not a non-negative integer, or an incomplete set
+/// ([`RegionRef::from_parameters`]).
+pub fn region(name: &str, parameters: &serde_json::Map<String, Value>) -> Result<Option<RegionRef>, Error> {
+    let number = |key: &str| match parameters.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            bad(format!("Unable to parse '{key}' of tensor '{name}': expected a non-negative integer, got {v}"))
+        }),
+    };
+    let region = match parameters.get(shared_memory::REGION) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => {
+            return Err(bad(format!(
+                "Unable to parse '{}' of tensor '{name}': expected a string, got {v}",
+                shared_memory::REGION
+            )));
+        }
+    };
+    RegionRef::from_parameters(name, region, number(shared_memory::OFFSET)?, number(shared_memory::BYTE_SIZE)?)
 }
 
 /// Refuses the parameters, of the request, an input or an output, that
@@ -252,25 +316,39 @@ pub struct Encoded {
     pub header_length: Option<usize>,
 }
 
-/// The response body for `outputs`, each with whether it goes as binary
-/// data: JSON alone, or, when any output is binary, the JSON header followed
-/// by those outputs' data.
+/// How an output goes back to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputForm {
+    /// As JSON `data`.
+    Json,
+    /// As binary data after the JSON header.
+    Binary,
+    /// Already written to shared memory: the response gives its name,
+    /// datatype and shape only (as Triton's does).
+    SharedMemory,
+}
+
+/// The response body for `outputs`, each in its form: JSON alone, or, when
+/// any output is binary, the JSON header followed by those outputs' data.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for an FP16/BF16 output asked for as JSON.
-pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, bool)>) -> Result<Encoded, Error> {
+pub fn encode(mut response: InferResponse, outputs: Vec<(Tensor, OutputForm)>) -> Result<Encoded, Error> {
     let mut binary = Vec::new();
-    for (tensor, as_binary) in outputs {
-        response.outputs.push(if as_binary {
-            let size = tensor.data.len();
-            binary.extend_from_slice(&tensor.data);
-            OutputTensor::binary(tensor, size)
-        } else {
-            OutputTensor::from_tensor(tensor)?
+    let any_binary = outputs.iter().any(|(_, form)| *form == OutputForm::Binary);
+    for (tensor, form) in outputs {
+        response.outputs.push(match form {
+            OutputForm::Binary => {
+                let size = tensor.data.len();
+                binary.extend_from_slice(&tensor.data);
+                OutputTensor::binary(tensor, size)
+            }
+            OutputForm::Json => OutputTensor::from_tensor(tensor)?,
+            OutputForm::SharedMemory => OutputTensor::described(tensor),
         });
     }
     let mut body = serde_json::to_vec(&response).expect("a response serialises");
-    let header_length = response.outputs.iter().any(|o| o.parameters.is_some()).then_some(body.len());
+    let header_length = any_binary.then_some(body.len());
     if header_length.is_some() {
         body.extend_from_slice(&binary);
     }
@@ -284,6 +362,7 @@ fn bad(message: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::shared_memory::NoRegions;
     use crate::tensor::DataType;
 
     fn signature(datatype: DataType, dims: &[i64], max_batch_size: u32) -> Signature {
@@ -295,7 +374,7 @@ mod tests {
     }
 
     fn error(header_length: &[u8], body: &[u8]) -> String {
-        match decode(Some(header_length), body, &signature(DataType::Fp32, &[2], 4)) {
+        match decode(Some(header_length), body, ("m", &signature(DataType::Fp32, &[2], 4)), &NoRegions) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("accepted"),
         }
@@ -311,7 +390,7 @@ mod tests {
             {"name":"b","shape":[1],"datatype":"INT8","data":[7]},
             {"name":"c","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}"#;
         let (length, body) = body(header, &[1, 0, 2, 0, 2, 0, 0, 0, b'h', b'i']);
-        let decoded = decode(Some(&length), &body, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        let decoded = decode(Some(&length), &body, ("m", &signature(DataType::Fp32, &[2], 4)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].data, vec![1, 0, 2, 0]);
         assert_eq!(decoded.tensors[1].data, vec![7]);
         assert_eq!(decoded.tensors[2].data, vec![2, 0, 0, 0, b'h', b'i']);
@@ -338,26 +417,70 @@ mod tests {
         assert!(error(&length, &b).contains("malformed BYTES"));
     }
 
+    /// A region `r` of 8 bytes 1..=8.
+    struct OneRegion;
+
+    impl Regions for OneRegion {
+        fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+            let bytes: Vec<u8> = (1..=8).collect();
+            match at.region.as_str() {
+                "r" => Ok(bytes[at.offset as usize..(at.offset + at.byte_size) as usize].to_vec()),
+                other => Err(Error::NotFound(format!("no region {other}"))),
+            }
+        }
+    }
+
+    #[test]
+    fn shared_memory_inputs_come_from_their_region() {
+        let header = r#"{"inputs":[
+            {"name":"a","shape":[2],"datatype":"INT16","parameters":
+                {"shared_memory_region":"r","shared_memory_byte_size":4,"shared_memory_offset":2}},
+            {"name":"b","shape":[1],"datatype":"INT8","data":[7]}]}"#;
+        let decoded = decode(None, header.as_bytes(), ("m", &signature(DataType::Fp32, &[2], 4)), &OneRegion).unwrap();
+        assert_eq!(decoded.tensors[0].data, vec![3, 4, 5, 6]);
+        assert_eq!(decoded.tensors[1].data, vec![7]);
+        let cases = [
+            (
+                r#""shared_memory_byte_size":2"#,
+                "input byte size mismatch for input 'a' for model 'm'. Expected 4, got 2",
+            ),
+            (r#""shared_memory_byte_size":4,"binary_data_size":4"#, "Input must set only one of the following fields"),
+            (r#""shared_memory_offset":1"#, "'shared_memory_byte_size' must be specified along with"),
+            (r#""shared_memory_byte_size":"4""#, "Unable to parse 'shared_memory_byte_size' of tensor 'a'"),
+        ];
+        for (parameters, message) in cases {
+            let header = format!(
+                r#"{{"inputs":[{{"name":"a","shape":[2],"datatype":"INT16","parameters":{{"shared_memory_region":"r",{parameters}}}}}]}}"#
+            );
+            let e = decode(None, header.as_bytes(), ("m", &signature(DataType::Fp32, &[2], 4)), &OneRegion);
+            let e = e.err().unwrap().to_string();
+            assert!(e.starts_with(message), "{parameters}: {e}");
+        }
+    }
+
     #[test]
     fn a_zero_header_length_makes_the_body_the_only_input() {
         let zero = Some(&b"0"[..]);
         let raw = [0u8; 16];
-        let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[2], 4)).unwrap();
+        let decoded = decode(zero, &raw, ("m", &signature(DataType::Fp32, &[2], 4)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![2, 2], "fixed dims: rows from the body");
         assert!(wants_binary(&decoded.request, "any output"), "a raw request is answered in binary");
-        let decoded = decode(zero, b"hello", &signature(DataType::Bytes, &[1], 0)).unwrap();
+        let decoded = decode(zero, b"hello", ("m", &signature(DataType::Bytes, &[1], 0)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1]);
-        let many = decode(zero, b"hello", &signature(DataType::Bytes, &[-1], 0)).err().unwrap().to_string();
+        let many =
+            decode(zero, b"hello", ("m", &signature(DataType::Bytes, &[-1], 0)), &NoRegions).err().unwrap().to_string();
         assert!(many.starts_with("For BYTE datatype raw input 'x', the model must have input shape [1]"), "{many}");
-        assert!(decode(zero, &raw[..6], &signature(DataType::Fp32, &[2], 4)).is_err());
+        assert!(decode(zero, &raw[..6], ("m", &signature(DataType::Fp32, &[2], 4)), &NoRegions).is_err());
         // One variable dimension is deduced from the size, with a batch of one.
-        let decoded = decode(zero, &raw, &signature(DataType::Int16, &[2, -1], 8)).unwrap();
+        let decoded = decode(zero, &raw, ("m", &signature(DataType::Int16, &[2, -1], 8)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1, 2, 4]);
-        let decoded = decode(zero, &raw, &signature(DataType::Fp32, &[-1], 0)).unwrap();
+        let decoded = decode(zero, &raw, ("m", &signature(DataType::Fp32, &[-1], 0)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![4]);
-        let two = decode(zero, &raw, &signature(DataType::Fp32, &[-1, -1], 0)).err().unwrap().to_string();
+        let two =
+            decode(zero, &raw, ("m", &signature(DataType::Fp32, &[-1, -1], 0)), &NoRegions).err().unwrap().to_string();
         assert!(two.contains("more than one variable-sized dimension"), "{two}");
-        let odd = decode(zero, &raw[..6], &signature(DataType::Fp32, &[-1], 0)).err().unwrap().to_string();
+        let odd =
+            decode(zero, &raw[..6], ("m", &signature(DataType::Fp32, &[-1], 0)), &NoRegions).err().unwrap().to_string();
         assert!(odd.contains("does not fill input 'x' (FP32 of 4 bytes per element"), "{odd}");
     }
 
@@ -366,12 +489,16 @@ mod tests {
         let response =
             || InferResponse { model_name: "m".into(), model_version: "1".into(), id: None, outputs: vec![] };
         let y = Tensor { name: "y".into(), datatype: DataType::Int8, shape: vec![2], data: vec![3, 4] };
-        let encoded = encode(response(), vec![(y.clone(), true)]).unwrap();
+        let encoded = encode(response(), vec![(y.clone(), OutputForm::Binary)]).unwrap();
         let n = encoded.header_length.unwrap();
         let header: Value = serde_json::from_slice(&encoded.body[..n]).unwrap();
         assert_eq!(header["outputs"][0]["parameters"]["binary_data_size"], 2);
         assert_eq!(&encoded.body[n..], &[3, 4]);
-        let json = encode(response(), vec![(y, false)]).unwrap();
+        let in_shm = encode(response(), vec![(y.clone(), OutputForm::SharedMemory)]).unwrap();
+        assert_eq!(in_shm.header_length, None, "nothing binary follows");
+        let header: Value = serde_json::from_slice(&in_shm.body).unwrap();
+        assert_eq!(header["outputs"][0], serde_json::json!({"name": "y", "datatype": "INT8", "shape": [2]}));
+        let json = encode(response(), vec![(y, OutputForm::Json)]).unwrap();
         assert_eq!(json.header_length, None);
         assert_eq!(
             serde_json::from_slice::<Value>(&json.body).unwrap()["outputs"][0]["data"],

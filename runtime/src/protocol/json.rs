@@ -338,6 +338,12 @@ impl OutputTensor {
             data: None,
         }
     }
+
+    /// An output without its data: its name, datatype and shape (one
+    /// written to shared memory).
+    pub fn described(t: Tensor) -> OutputTensor {
+        OutputTensor { name: t.name, datatype: t.datatype.name(), shape: t.shape, parameters: None, data: None }
+    }
 }
 
 #[cfg(test)]

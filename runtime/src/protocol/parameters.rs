@@ -4,6 +4,7 @@
 //! rather than ignored (Triton passes them on to its backends, which may
 //! read them; Plinth's backends read none).
 
+use super::shared_memory::{BYTE_SIZE, OFFSET, REGION};
 use crate::error::Error;
 
 /// Where a parameter sits in an inference request.
@@ -37,10 +38,10 @@ fn known(level: Level, front: Front) -> &'static [&'static str] {
             &["priority", "timeout", "binary_data_output", "triton_enable_empty_final_response"]
         }
         (Level::Request, Front::Grpc) => &["priority", "timeout", "triton_enable_empty_final_response"],
-        (Level::Input, Front::Http) => &["binary_data_size"],
-        (Level::Input, Front::Grpc) => &[],
-        (Level::Output, Front::Http) => &["binary_data", "classification"],
-        (Level::Output, Front::Grpc) => &["classification"],
+        (Level::Input, Front::Http) => &["binary_data_size", REGION, OFFSET, BYTE_SIZE],
+        (Level::Input, Front::Grpc) => &[REGION, OFFSET, BYTE_SIZE],
+        (Level::Output, Front::Http) => &["binary_data", "classification", REGION, OFFSET, BYTE_SIZE],
+        (Level::Output, Front::Grpc) => &["classification", REGION, OFFSET, BYTE_SIZE],
     }
 }
 
@@ -50,9 +51,6 @@ fn not_yet(key: &str) -> Option<&'static str> {
     match key {
         "sequence_id" | "sequence_start" | "sequence_end" => {
             Some("it is for models with sequence_batching, which Plinth does not serve yet")
-        }
-        "shared_memory_region" | "shared_memory_byte_size" | "shared_memory_offset" => {
-            Some("Plinth has no shared memory extension yet; send the data in the request")
         }
         _ => None,
     }
@@ -87,18 +85,18 @@ mod tests {
     #[test]
     fn parameters_plinth_does_not_read_are_named() {
         assert!(check(Level::Request, Front::Http, "", ["priority", "binary_data_output"]).is_ok());
-        assert!(check(Level::Output, Front::Grpc, "output 'y'", ["classification"]).is_ok());
+        assert!(check(Level::Output, Front::Grpc, "output 'y'", ["classification", "shared_memory_region"]).is_ok());
         assert!(check(Level::Request, Front::Grpc, "", ["triton_enable_empty_final_response"]).is_ok());
         let cases = [
             (Level::Request, Front::Http, "", "custom", "unknown request parameter 'custom'; Plinth reads"),
             (Level::Request, Front::Grpc, "", "binary_data_output", "unknown request parameter 'binary_data_output'"),
             (Level::Request, Front::Grpc, "", "sequence_id", "request parameter 'sequence_id' is not supported"),
             (
-                Level::Input,
+                Level::Request,
                 Front::Http,
-                "input 'x'",
+                "",
                 "shared_memory_region",
-                "input 'x' parameter 'shared_memory_region'",
+                "unknown request parameter 'shared_memory_region'",
             ),
             (Level::Output, Front::Http, "output 'y'", "binary", "unknown output 'y' parameter 'binary'"),
         ];

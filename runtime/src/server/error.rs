@@ -38,7 +38,7 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> ApiError {
         let status = match &e {
-            Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            Error::InvalidArgument(_) | Error::AlreadyExists(_) => StatusCode::BAD_REQUEST,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::BadGateway(_) => StatusCode::BAD_GATEWAY,

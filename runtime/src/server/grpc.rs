@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::restrictions::{Api, Restrictions};
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
+use super::shared_memory::OutputPlaces;
 use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::config::proto::infer_parameter::ParameterChoice;
@@ -17,6 +18,7 @@ use crate::error::Error;
 use crate::lifecycle::{FILE_PREFIX, LoadRequest};
 use crate::metrics::{ModelStatistics, Total};
 use crate::model::OutputRequest;
+use crate::protocol::shared_memory::{self, RegionRef, Regions};
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
 
@@ -34,6 +36,7 @@ impl From<Error> for Status {
         match e {
             Error::InvalidArgument(_) => Status::invalid_argument(message),
             Error::NotFound(_) => Status::not_found(message),
+            Error::AlreadyExists(_) => Status::already_exists(message),
             // gRPC's HTTP mapping turns 502 into UNAVAILABLE too.
             Error::Unavailable(_) | Error::Overloaded(_) | Error::BadGateway(_) => Status::unavailable(message),
             Error::Internal(_) => Status::internal(message),
@@ -243,6 +246,46 @@ impl GrpcInferenceService for Grpc {
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Answer<pb::SystemSharedMemoryStatusResponse> {
+        use pb::system_shared_memory_status_response::RegionStatus;
+        self.allow(Api::SharedMemory, &request)?;
+        let name = request.into_inner().name;
+        let status = self.service.shared_memory.status((!name.is_empty()).then_some(name.as_str()))?;
+        let regions = status
+            .into_iter()
+            .map(|r| {
+                let status =
+                    RegionStatus { name: r.name.clone(), key: r.key, offset: r.offset, byte_size: r.byte_size };
+                (r.name, status)
+            })
+            .collect();
+        Ok(Response::new(pb::SystemSharedMemoryStatusResponse { regions }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Answer<pb::SystemSharedMemoryRegisterResponse> {
+        self.allow(Api::SharedMemory, &request)?;
+        let r = request.into_inner();
+        self.service.shared_memory.register(&r.name, &r.key, r.offset, r.byte_size)?;
+        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
+    }
+
+    /// An empty name unregisters every region.
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Answer<pb::SystemSharedMemoryUnregisterResponse> {
+        self.allow(Api::SharedMemory, &request)?;
+        let name = request.into_inner().name;
+        self.service.shared_memory.unregister((!name.is_empty()).then_some(name.as_str()))?;
+        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
+    }
+
     async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {
         self.allow(Api::Trace, &request)?;
         let r = request.into_inner();
@@ -317,9 +360,12 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
                 timeout_us: uint_parameter(&parameters, "timeout")?,
             };
             let requested = outputs.iter().map(requested_output).collect::<Result<_, _>>()?;
-            Ok((InferCall { tensors: input_tensors(inputs, raw)?, requested, options }, ()))
+            let places = output_places(service, &outputs)?;
+            let tensors = input_tensors(&m.name, inputs, raw, &service.shared_memory)?;
+            Ok((InferCall { tensors, requested, options }, places))
         })
         .await?;
+    let places = inferred.request;
     let mut response = pb::ModelInferResponse {
         model_name: m.name.clone(),
         model_version: m.version.to_string(),
@@ -327,13 +373,16 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
         ..Default::default()
     };
     for t in inferred.outputs {
+        // An output in shared memory keeps its (empty) raw_output_contents
+        // entry: clients find each output's data by its position.
+        let in_shared_memory = places.write(&t)?;
         response.outputs.push(pb::model_infer_response::InferOutputTensor {
             name: t.name,
             datatype: t.datatype.name().into(),
             shape: t.shape,
             ..Default::default()
         });
-        response.raw_output_contents.push(t.data);
+        response.raw_output_contents.push(if in_shared_memory { Vec::new() } else { t.data });
     }
     Ok(response)
 }
@@ -452,26 +501,41 @@ fn uint_parameter(
     }
 }
 
-/// The inputs as tensors: from `raw_input_contents` (one entry per input,
-/// in order) or from each input's typed `contents`.
+/// The inputs as tensors: from a shared memory region, from
+/// `raw_input_contents` (one entry per input not in shared memory, in
+/// order, as Triton counts them) or from each input's typed `contents`.
 fn input_tensors(
+    model: &str,
     inputs: Vec<pb::model_infer_request::InferInputTensor>,
     raw: Vec<Vec<u8>>,
+    regions: &dyn Regions,
 ) -> Result<Vec<Tensor>, Error> {
-    if !raw.is_empty() && raw.len() != inputs.len() {
+    let places = inputs.iter().map(|i| region(&i.name, &i.parameters)).collect::<Result<Vec<_>, _>>()?;
+    let in_body = places.iter().filter(|p| p.is_none()).count();
+    if !raw.is_empty() && raw.len() != in_body {
         return Err(Error::InvalidArgument(format!(
-            "raw_input_contents has {} entries for {} inputs; give one per input, in order",
+            "raw_input_contents has {} entries for {in_body} inputs not in shared memory; give one per input, in order",
             raw.len(),
-            inputs.len()
         )));
     }
     let mut raw = raw.into_iter();
     inputs
         .into_iter()
-        .map(|input| {
+        .zip(places)
+        .map(|(input, place)| {
             let bad = |m: String| Error::InvalidArgument(format!("input '{}': {m}", input.name));
-            let datatype = request_datatype(&input.datatype, &input.shape).map_err(bad)?;
             let contents = input.contents.unwrap_or_default();
+            if let Some(at) = place {
+                if contents != pb::InferTensorContents::default() {
+                    return Err(Error::InvalidArgument(format!(
+                        "unexpected 'content' provided when using shared memory for input tensor '{}' for model \
+                         '{model}'",
+                        input.name
+                    )));
+                }
+                return shared_memory::input_tensor(model, input.name, &input.datatype, input.shape, &at, regions);
+            }
+            let datatype = request_datatype(&input.datatype, &input.shape).map_err(bad)?;
             let data = match raw.next() {
                 Some(_) if contents != pb::InferTensorContents::default() => {
                     return Err(bad("has both typed contents and raw_input_contents; give one".into()));
@@ -484,6 +548,53 @@ fn input_tensors(
             Ok(tensor)
         })
         .collect()
+}
+
+/// The shared memory place the `parameters` of tensor `name` (an input or
+/// a requested output) give, if any; the value kinds are Triton's.
+fn region(
+    name: &str,
+    parameters: &std::collections::HashMap<String, pb::InferParameter>,
+) -> Result<Option<RegionRef>, Error> {
+    let kind = |key: &str, expected: &str| {
+        Error::InvalidArgument(format!(
+            "invalid value type for '{key}' parameter for tensor '{name}', expected {expected}."
+        ))
+    };
+    let number = |key: &str| match parameters.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(ParameterChoice::Int64Param(n)) => u64::try_from(*n)
+            .map(Some)
+            .map_err(|_| Error::InvalidArgument(format!("'{key}' of tensor '{name}' must not be negative, got {n}"))),
+        Some(ParameterChoice::Uint64Param(n)) => Ok(Some(*n)),
+        Some(_) => Err(kind(key, "int64_param")),
+    };
+    let region = match parameters.get(shared_memory::REGION).and_then(|p| p.parameter_choice.as_ref()) {
+        None => None,
+        Some(ParameterChoice::StringParam(s)) => Some(s.clone()),
+        Some(_) => return Err(kind(shared_memory::REGION, "string_param")),
+    };
+    RegionRef::from_parameters(name, region, number(shared_memory::OFFSET)?, number(shared_memory::BYTE_SIZE)?)
+}
+
+/// Where the requested outputs that name a shared memory region go, each
+/// checked against its region before the model runs.
+fn output_places(
+    service: &Service,
+    outputs: &[pb::model_infer_request::InferRequestedOutputTensor],
+) -> Result<OutputPlaces, Error> {
+    let mut places = OutputPlaces::default();
+    for o in outputs {
+        let Some(at) = region(&o.name, &o.parameters)? else { continue };
+        if o.parameters.contains_key("classification") {
+            return Err(Error::InvalidArgument(format!(
+                "output can't set both 'shared_memory_region' and 'classification' (output '{}')",
+                o.name
+            )));
+        }
+        places.insert(o.name.clone(), service.shared_memory.output(at)?);
+    }
+    Ok(places)
 }
 
 /// The `InferTensorContents` field that carries `datatype`.

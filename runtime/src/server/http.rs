@@ -54,6 +54,18 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/repository/index", post(routes::repository_index))
         .route("/v2/repository/models/{model}/load", post(routes::load_model))
         .route("/v2/repository/models/{model}/unload", post(routes::unload_model));
+    let shared_memory = Router::new()
+        .route("/v2/systemsharedmemory/status", get(routes::shared_memory_status))
+        .route("/v2/systemsharedmemory/region/{region}/status", get(routes::shared_memory_status))
+        .route("/v2/systemsharedmemory/register", post(routes::register_unnamed_shared_memory))
+        .route("/v2/systemsharedmemory/region/{region}/register", post(routes::register_shared_memory))
+        .route("/v2/systemsharedmemory/unregister", post(routes::unregister_shared_memory))
+        .route("/v2/systemsharedmemory/region/{region}/unregister", post(routes::unregister_shared_memory))
+        .route("/v2/cudasharedmemory/status", get(routes::cuda_shared_memory))
+        .route("/v2/cudasharedmemory/region/{region}/status", get(routes::cuda_shared_memory))
+        .route("/v2/cudasharedmemory/region/{region}/register", post(routes::cuda_shared_memory))
+        .route("/v2/cudasharedmemory/unregister", post(routes::cuda_shared_memory))
+        .route("/v2/cudasharedmemory/region/{region}/unregister", post(routes::cuda_shared_memory));
     let groups = [
         (Api::Inference, inference),
         (Api::Health, health),
@@ -63,6 +75,7 @@ pub fn router(service: Arc<Service>) -> Router {
         (Api::Logging, logging),
         (Api::Trace, trace),
         (Api::ModelRepository, repository),
+        (Api::SharedMemory, shared_memory),
     ];
     groups
         .into_iter()

@@ -13,6 +13,7 @@ mod modelmesh;
 pub mod restrictions;
 mod routes;
 pub mod service;
+pub mod shared_memory;
 mod shutdown;
 #[cfg(test)]
 mod tests;
@@ -73,6 +74,8 @@ pub struct ServeOptions {
     pub http_restrictions: restrictions::Restrictions,
     /// `--grpc-restricted-protocol`: gRPC APIs that need a header.
     pub grpc_restrictions: restrictions::Restrictions,
+    /// `--allow-client-shm`: clients may register shared memory regions.
+    pub allow_client_shm: bool,
 }
 
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
@@ -91,6 +94,7 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     service.logging = Some(logging);
     service.http_restrictions = opts.http_restrictions.clone();
     service.grpc_restrictions = opts.grpc_restrictions.clone();
+    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm);
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));

@@ -15,11 +15,12 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
+use super::shared_memory::{OutputPlaces, RegionStatus};
 use crate::error::Error;
 use crate::lifecycle::{FILE_PREFIX, LoadRequest};
 use crate::model::{Model, OutputRequest};
 use crate::plugin::RawRequest;
-use crate::protocol::binary::{self, HEADER_LENGTH};
+use crate::protocol::binary::{self, HEADER_LENGTH, OutputForm};
 use crate::protocol::json::{InferRequest, InferResponse, ModelMetadata};
 use crate::registry::UNKNOWN_MODEL;
 use crate::scheduler::Timing;
@@ -112,17 +113,25 @@ pub async fn infer(
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
         .infer(&m, |m| {
-            let binary::Decoded { request, tensors } = binary::decode(header_length, &body, &m.signature)?;
+            let binary::Decoded { request, tensors } =
+                binary::decode(header_length, &body, (&m.name, &m.signature), &service.shared_memory)?;
             let options = request_options(&request)?;
             let requested = requested_outputs(&request)?;
-            refuse_json_only_binary_outputs(m, &request, &requested)?;
-            Ok((InferCall { tensors, requested, options }, request))
+            let places = output_places(&service, &request)?;
+            refuse_json_only_binary_outputs(m, &request, &requested, &places)?;
+            Ok((InferCall { tensors, requested, options }, (request, places)))
         })
         .await?;
-    let request = inferred.request;
+    let (request, places) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
-        let as_binary = binary::wants_binary(&request, &t.name);
-        (t, as_binary)
+        let form = if places.write(&t)? {
+            OutputForm::SharedMemory
+        } else if binary::wants_binary(&request, &t.name) {
+            OutputForm::Binary
+        } else {
+            OutputForm::Json
+        };
+        Ok((t, form))
     });
     let response = InferResponse {
         model_name: m.name.clone(),
@@ -130,7 +139,7 @@ pub async fn infer(
         id: request.id.clone(),
         outputs: Vec::new(),
     };
-    let encoded = binary::encode(response, outputs.collect())?;
+    let encoded = binary::encode(response, outputs.collect::<Result<_, Error>>()?)?;
     let mut headers = HeaderMap::new();
     let content_type = match encoded.header_length {
         Some(n) => {
@@ -162,6 +171,28 @@ fn requested_outputs(request: &InferRequest) -> Result<Vec<OutputRequest>, Error
             Ok(OutputRequest { name: o.name.clone(), classification: classification.filter(|&n| n > 0) })
         })
         .collect()
+}
+
+/// Where the requested outputs that name a shared memory region go, each
+/// checked against its region now, before the model runs.
+fn output_places(service: &Service, request: &InferRequest) -> Result<OutputPlaces, Error> {
+    let mut places = OutputPlaces::default();
+    for o in request.outputs.iter().flatten() {
+        let Some(at) = binary::region(&o.name, &o.parameters)? else { continue };
+        for (key, set) in [
+            ("classification", o.parameters.get("classification").is_some_and(|v| !v.is_null())),
+            ("binary_data", o.parameters.get("binary_data").and_then(serde_json::Value::as_bool) == Some(true)),
+        ] {
+            if set {
+                return Err(Error::InvalidArgument(format!(
+                    "Output can't set both 'shared_memory_region' and '{key}' (output '{}')",
+                    o.name
+                )));
+            }
+        }
+        places.insert(o.name.clone(), service.shared_memory.output(at)?);
+    }
+    Ok(places)
 }
 
 /// The scheduling options in the request `parameters`: `priority` (a
@@ -208,11 +239,13 @@ fn refuse_json_only_binary_outputs(
     m: &Model,
     request: &InferRequest,
     requested: &[OutputRequest],
+    places: &OutputPlaces,
 ) -> Result<(), Error> {
     let as_tensor = |name: &str| requested.iter().any(|r| r.name == name && r.classification.is_none());
     let returned = m.signature.outputs.iter().filter(|o| requested.is_empty() || as_tensor(&o.name));
     for o in returned {
-        if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && !binary::wants_binary(request, &o.name) {
+        let has_json = !binary::wants_binary(request, &o.name) && !places.contains(&o.name);
+        if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && has_json {
             return Err(Error::InvalidArgument(format!(
                 "output '{}' is {}, which has no JSON representation; ask for it with \"binary_data\": true (binary tensor data extension)",
                 o.name, o.datatype
@@ -413,6 +446,68 @@ pub async fn model_trace_settings(
     Path(name): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
     Ok(Json(service.trace_settings(Some(&name))?))
+}
+
+/// `GET /v2/systemsharedmemory[/region/{r}]/status`: the registered
+/// regions, or the one named (404 when it is not registered).
+pub async fn shared_memory_status(
+    State(service): State<Arc<Service>>,
+    region: Option<Path<String>>,
+) -> ApiResult<Json<Vec<RegionStatus>>> {
+    Ok(Json(service.shared_memory.status(region.as_ref().map(|r| r.0.as_str()))?))
+}
+
+/// A register request's body (the extension's
+/// `$system_shared_memory_register_request`; sizes in bytes).
+#[derive(serde::Deserialize)]
+struct RegisterRequest {
+    key: Option<String>,
+    #[serde(default)]
+    offset: u64,
+    byte_size: Option<u64>,
+}
+
+/// `POST /v2/systemsharedmemory/region/{r}/register`: registers `byte_size`
+/// bytes from `offset` of the object `key` as region `r`; the answer has
+/// an empty body.
+pub async fn register_shared_memory(
+    State(service): State<Arc<Service>>,
+    Path(region): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<StatusCode> {
+    let body = body.map_err(|e| rejected_body(&service, e))?;
+    let request: RegisterRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("malformed shared memory register request JSON: {e}")))?;
+    let missing = |field: &str| ApiError::bad_request(format!("Shared memory register request has no '{field}' field"));
+    let key = request.key.ok_or_else(|| missing("key"))?;
+    let byte_size = request.byte_size.ok_or_else(|| missing("byte_size"))?;
+    service.shared_memory.register(&region, &key, request.offset, byte_size)?;
+    Ok(StatusCode::OK)
+}
+
+/// `POST /v2/systemsharedmemory/register`: refused, a region needs a name.
+pub async fn register_unnamed_shared_memory() -> ApiError {
+    ApiError::bad_request("'region name' is necessary to register system shared memory region")
+}
+
+/// `POST /v2/systemsharedmemory[/region/{r}]/unregister`: unregisters the
+/// region named, or every region; a name not registered is no error.
+pub async fn unregister_shared_memory(
+    State(service): State<Arc<Service>>,
+    region: Option<Path<String>>,
+) -> ApiResult<StatusCode> {
+    service.shared_memory.unregister(region.as_ref().map(|r| r.0.as_str()))?;
+    Ok(StatusCode::OK)
+}
+
+/// `/v2/cudasharedmemory/...`: refused; Plinth has no CUDA memory to share.
+pub async fn cuda_shared_memory() -> ApiError {
+    Error::Unsupported(
+        "CUDA shared memory is not supported: Plinth shares system memory only \
+        (/v2/systemsharedmemory)"
+            .into(),
+    )
+    .into()
 }
 
 /// Any other path.

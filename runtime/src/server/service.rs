@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::logging::Logging;
 use super::restrictions::Restrictions;
+use super::shared_memory::SharedMemory;
 use crate::config::ModelConfig;
 use crate::error::Error;
 use crate::lifecycle::{Lifecycle, LoadRequest};
@@ -25,7 +26,7 @@ use crate::tensor::{Tensor, TensorSpec};
 
 /// The protocol extensions Plinth serves, as server metadata lists them
 /// (Triton's names): exactly those it implements.
-pub const EXTENSIONS: [&str; 7] = [
+pub const EXTENSIONS: [&str; 8] = [
     "binary_tensor_data",
     "classification",
     "logging",
@@ -33,6 +34,7 @@ pub const EXTENSIONS: [&str; 7] = [
     "model_repository",
     "schedule_policy",
     "statistics",
+    "system_shared_memory",
 ];
 
 /// The server's name in server metadata.
@@ -62,6 +64,9 @@ pub struct Service {
     pub http_restrictions: Restrictions,
     /// `--grpc-restricted-protocol`: the gRPC APIs that need a header.
     pub grpc_restrictions: Restrictions,
+    /// The system shared memory regions clients registered
+    /// (`--allow-client-shm`).
+    pub shared_memory: SharedMemory,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -99,6 +104,7 @@ impl Service {
             logging: None,
             http_restrictions: Restrictions::default(),
             grpc_restrictions: Restrictions::default(),
+            shared_memory: SharedMemory::new(false),
         }
     }
 

@@ -1,0 +1,430 @@
+//! Triton's system shared memory extension
+//! (`docs/protocol/extension_shared_memory.md`): a client registers a byte
+//! range of a POSIX shared memory object under a name, then sends inputs
+//! and receives outputs through it instead of the request and response
+//! bodies. Registration needs `--allow-client-shm=true`, as in Triton.
+//!
+//! The object stays open from registration to unregistration, so a client
+//! that unlinks and recreates its key meanwhile does not change what the
+//! region reads. A request holds each region it reads or writes until it
+//! is done with it; unregistering a region that requests hold succeeds but
+//! takes effect when the last of them lets go (as Triton defers it): until
+//! then the region is still listed, still usable, and its name still taken.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::Error;
+use crate::protocol::shared_memory::{RegionRef, Regions};
+use crate::tensor::Tensor;
+
+/// Where POSIX `shm_open` keeps its objects on Linux: key `/k` is the file
+/// `/dev/shm/k`.
+const SHM_DIR: &str = "/dev/shm";
+
+/// Keys Triton's Python backend keeps for itself; refused as Triton does.
+const RESERVED_PREFIX: &str = "triton_python_backend_shm_region_";
+
+/// The registered regions, by name.
+pub struct SharedMemory {
+    /// `--allow-client-shm`: whether clients may register and unregister.
+    allowed: bool,
+    table: Arc<Table>,
+}
+
+/// The regions by name; each entry's `Arc` count is 1 plus the requests
+/// holding it.
+type Table = Mutex<BTreeMap<String, Arc<Region>>>;
+
+/// One registered region: `byte_size` bytes from `offset` of the object
+/// `key`.
+struct Region {
+    key: String,
+    offset: u64,
+    byte_size: u64,
+    file: File,
+    /// Unregistered while requests held it: removed when the last lets go.
+    awaiting_unregister: AtomicBool,
+}
+
+/// A region a request holds while it reads or writes it.
+struct Held {
+    name: String,
+    /// `Some` until dropped: taken out under the table's lock, so that
+    /// exactly one holder sees itself as the last.
+    region: Option<Arc<Region>>,
+    table: Arc<Table>,
+}
+
+impl Held {
+    fn region(&self) -> &Region {
+        self.region.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut table = lock(&self.table);
+        let region = self.region.take().expect("dropped once");
+        if region.awaiting_unregister.load(Ordering::Acquire) {
+            let ours = Arc::as_ptr(&region);
+            drop(region);
+            let last = table.get(&self.name).is_some_and(|r| Arc::as_ptr(r) == ours && Arc::strong_count(r) == 1);
+            if last {
+                table.remove(&self.name);
+                tracing::info!(name = %self.name, "unregistered system shared memory region, its last request done");
+            }
+        }
+    }
+}
+
+fn lock(table: &Table) -> MutexGuard<'_, BTreeMap<String, Arc<Region>>> {
+    table.lock().expect("the region table is never poisoned")
+}
+
+/// A region as the status APIs list it (offsets and sizes in bytes).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RegionStatus {
+    /// The name it was registered under.
+    pub name: String,
+    /// The shared memory object's key.
+    pub key: String,
+    /// Where in the object the region starts.
+    pub offset: u64,
+    /// The region's size.
+    pub byte_size: u64,
+}
+
+/// An output's place in a region, resolved when its request is decoded and
+/// written once the request is answered; the region is held until then.
+pub struct OutputRegion {
+    held: Held,
+    at: RegionRef,
+}
+
+impl SharedMemory {
+    /// No regions; registration allowed when `allowed`
+    /// (`--allow-client-shm`).
+    pub fn new(allowed: bool) -> SharedMemory {
+        SharedMemory { allowed, table: Arc::new(Mutex::new(BTreeMap::new())) }
+    }
+
+    fn check_allowed(&self) -> Result<(), Error> {
+        if self.allowed {
+            Ok(())
+        } else {
+            // Triton's text (`shared_memory_manager.cc`).
+            Err(Error::Unsupported(
+                "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.".into(),
+            ))
+        }
+    }
+
+    /// Registers `byte_size` bytes from `offset` of the object `key` (a
+    /// POSIX shared memory key, `/name`) as the region `name`.
+    ///
+    /// # Errors
+    /// With Triton's texts: [`Error::Unsupported`] without
+    /// `--allow-client-shm`; [`Error::InvalidArgument`] for a key that is
+    /// all slashes or reserved, or a range past the object's end;
+    /// [`Error::AlreadyExists`] for a name already registered;
+    /// [`Error::Internal`] when the object cannot be opened.
+    pub fn register(&self, name: &str, key: &str, offset: u64, byte_size: u64) -> Result<(), Error> {
+        self.check_allowed()?;
+        let file_name = key.trim_start_matches('/');
+        if file_name.is_empty() || file_name.contains('/') {
+            return Err(Error::InvalidArgument(format!(
+                "cannot register shared memory region '{name}' - invalid shm key '{key}'"
+            )));
+        }
+        if file_name.starts_with(RESERVED_PREFIX) {
+            return Err(Error::InvalidArgument(format!(
+                "cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved \
+                 prefix '{RESERVED_PREFIX}'"
+            )));
+        }
+        let mut regions = lock(&self.table);
+        if regions.contains_key(name) {
+            return Err(Error::AlreadyExists(format!("shared memory region '{name}' already in manager")));
+        }
+        let path = PathBuf::from(SHM_DIR).join(file_name);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::Internal(format!("Unable to open shared memory region: '{key}' ({e})")))?;
+        let size =
+            file.metadata().map_err(|e| Error::Internal(format!("Invalid shared memory region: '{key}' ({e})")))?.len();
+        if byte_size == 0 || offset.checked_add(byte_size).is_none_or(|end| end > size) {
+            return Err(Error::InvalidArgument(format!(
+                "failed to register shared memory region '{name}': invalid args (offset {offset} and byte_size \
+                 {byte_size} in an object of {size} bytes)"
+            )));
+        }
+        let region =
+            Region { key: key.to_owned(), offset, byte_size, file, awaiting_unregister: AtomicBool::new(false) };
+        regions.insert(name.to_owned(), Arc::new(region));
+        tracing::info!(name, key, offset, byte_size, "registered system shared memory region");
+        Ok(())
+    }
+
+    /// Unregisters the region `name`, or every region for `None`. A name not
+    /// registered is no error (Triton's behaviour, which clients rely on to
+    /// clear a name before registering it). A region requests hold stays
+    /// until the last of them is done with it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without `--allow-client-shm`.
+    pub fn unregister(&self, name: Option<&str>) -> Result<(), Error> {
+        self.check_allowed()?;
+        let mut regions = lock(&self.table);
+        regions.retain(|n, region| {
+            if name.is_some_and(|name| name != n) {
+                return true;
+            }
+            let in_use = Arc::strong_count(region) > 1;
+            if in_use {
+                region.awaiting_unregister.store(true, Ordering::Release);
+                tracing::info!(name = %n, "system shared memory region in use: unregistered when its requests are done");
+            }
+            in_use
+        });
+        Ok(())
+    }
+
+    /// The region `name`, or every region (by name) for `None`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a name not registered (Triton's text).
+    pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>, Error> {
+        let regions = lock(&self.table);
+        let status = |(name, r): (&String, &Arc<Region>)| RegionStatus {
+            name: name.clone(),
+            key: r.key.clone(),
+            offset: r.offset,
+            byte_size: r.byte_size,
+        };
+        match name {
+            None => Ok(regions.iter().map(status).collect()),
+            Some(name) => regions
+                .get_key_value(name)
+                .map(|entry| vec![status(entry)])
+                .ok_or_else(|| Error::NotFound(format!("Unable to find system shared memory region: '{name}'"))),
+        }
+    }
+
+    /// The region and range `at` names, checked as Triton checks it, held.
+    fn resolve(&self, at: &RegionRef) -> Result<Held, Error> {
+        let regions = lock(&self.table);
+        let name = &at.region;
+        let region = regions
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("Unable to find shared memory region: '{name}'")))?;
+        if at.offset >= region.byte_size {
+            return Err(Error::InvalidArgument(format!("Invalid offset for shared memory region: '{name}'")));
+        }
+        let Some(end) = at.offset.checked_add(at.byte_size) else {
+            return Err(Error::InvalidArgument(format!(
+                "Integer overflow detected: byte_size ({}) + offset ({}) exceeds maximum value ({}) for region '{name}'",
+                at.byte_size,
+                at.offset,
+                u64::MAX
+            )));
+        };
+        if end > region.byte_size {
+            return Err(Error::InvalidArgument(format!(
+                "Invalid offset + byte size for shared memory region: '{name}'"
+            )));
+        }
+        Ok(Held { name: name.clone(), region: Some(region.clone()), table: self.table.clone() })
+    }
+
+    /// The place of an output `at` names, to be written with
+    /// [`OutputRegion::write`] once the request is answered.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub fn output(&self, at: RegionRef) -> Result<OutputRegion, Error> {
+        Ok(OutputRegion { held: self.resolve(&at)?, at })
+    }
+}
+
+impl Regions for SharedMemory {
+    fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+        let held = self.resolve(at)?;
+        let region = held.region();
+        let mut data = vec![0; at.byte_size as usize];
+        region
+            .file
+            .read_exact_at(&mut data, region.offset + at.offset)
+            .map_err(|e| Error::Internal(format!("reading shared memory region '{}': {e}", at.region)))?;
+        Ok(data)
+    }
+}
+
+impl OutputRegion {
+    /// Writes the output `name`'s `data` (raw, or serialised BYTES) at its
+    /// place; data shorter than the place leaves the rest as it was.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the output is larger than the place the
+    /// request gave it (Triton's text) or the write fails.
+    pub fn write(&self, name: &str, data: &[u8]) -> Result<(), Error> {
+        if data.len() as u64 > self.at.byte_size {
+            return Err(Error::Internal(format!(
+                "shared memory size specified with the request for output '{name}' ({} bytes) should be at least {} \
+                 bytes to hold the results",
+                self.at.byte_size,
+                data.len()
+            )));
+        }
+        let region = self.held.region();
+        region.file.write_all_at(data, region.offset + self.at.offset).map_err(|e| {
+            Error::Internal(format!("writing output '{name}' to shared memory region '{}': {e}", self.at.region))
+        })
+    }
+
+    /// Where the output goes, as the request named it.
+    pub fn place(&self) -> &RegionRef {
+        &self.at
+    }
+}
+
+/// The requested outputs a request places in shared memory, by output
+/// name.
+#[derive(Default)]
+pub struct OutputPlaces(Vec<(String, OutputRegion)>);
+
+impl OutputPlaces {
+    /// Adds output `name`'s place.
+    pub fn insert(&mut self, name: String, place: OutputRegion) {
+        self.0.push((name, place));
+    }
+
+    /// Whether output `name` goes to shared memory.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
+    }
+
+    /// Writes `tensor` to its place; `false` when it has none (it goes back
+    /// in the response).
+    ///
+    /// # Errors
+    /// As [`OutputRegion::write`].
+    pub fn write(&self, tensor: &Tensor) -> Result<bool, Error> {
+        match self.0.iter().find(|(n, _)| *n == tensor.name) {
+            Some((_, place)) => place.write(&tensor.name, &tensor.data).map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared memory object of `size` zero bytes, removed on drop.
+    struct Object(String);
+
+    impl Object {
+        fn new(tag: &str, size: u64) -> Object {
+            let key = format!("/plinth_test_{tag}_{}", std::process::id());
+            File::create(PathBuf::from(SHM_DIR).join(&key[1..])).unwrap().set_len(size).unwrap();
+            Object(key)
+        }
+    }
+
+    impl Drop for Object {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(PathBuf::from(SHM_DIR).join(&self.0[1..]));
+        }
+    }
+
+    fn at(region: &str, offset: u64, byte_size: u64) -> RegionRef {
+        RegionRef { region: region.into(), offset, byte_size }
+    }
+
+    #[test]
+    fn tensors_go_through_a_registered_range() {
+        let object = Object::new("range", 4096 + 64);
+        let shm = SharedMemory::new(true);
+        shm.register("r", &object.0, 4096, 64).unwrap();
+        let out = shm.output(at("r", 8, 8)).unwrap();
+        out.write("y", &[1, 2, 3, 4]).unwrap();
+        assert_eq!(shm.read(&at("r", 8, 4)).unwrap(), [1, 2, 3, 4]);
+        let e = out.write("y", &[0; 9]).unwrap_err().to_string();
+        assert!(e.contains("output 'y' (8 bytes) should be at least 9 bytes"), "{e}");
+        let file = std::fs::read(PathBuf::from(SHM_DIR).join(&object.0[1..])).unwrap();
+        assert_eq!(&file[4096 + 8..4096 + 12], &[1, 2, 3, 4], "the region starts at its offset in the object");
+        assert_eq!(
+            shm.status(None).unwrap()[0],
+            RegionStatus { name: "r".into(), key: object.0.clone(), offset: 4096, byte_size: 64 }
+        );
+    }
+
+    #[test]
+    fn ranges_and_registrations_are_checked_with_triton_texts() {
+        let object = Object::new("checks", 64);
+        let shm = SharedMemory::new(true);
+        for (offset, size) in [(0, 65), (1, 64), (64, 1), (0, 0)] {
+            let e = shm.register("r", &object.0, offset, size).unwrap_err().to_string();
+            assert!(e.starts_with("failed to register shared memory region 'r': invalid args"), "{e}");
+        }
+        shm.register("r", &object.0, 0, 64).unwrap();
+        let again = shm.register("r", &object.0, 0, 64).unwrap_err();
+        assert_eq!(again, Error::AlreadyExists("shared memory region 'r' already in manager".into()));
+        let cases = [
+            (at("nope", 0, 4), "Unable to find shared memory region: 'nope'"),
+            (at("r", 64, 4), "Invalid offset for shared memory region: 'r'"),
+            (at("r", 1, 64), "Invalid offset + byte size for shared memory region: 'r'"),
+            (at("r", 32, u64::MAX - 31), "Integer overflow detected: byte_size (18446744073709551584) + offset (32)"),
+        ];
+        for (place, message) in cases {
+            let e = shm.read(&place).unwrap_err().to_string();
+            assert!(e.starts_with(message), "{e}");
+        }
+        for key in ["/", "///"] {
+            let e = shm.register("k", key, 0, 1).unwrap_err().to_string();
+            assert_eq!(e, format!("cannot register shared memory region 'k' - invalid shm key '{key}'"));
+        }
+        let e = shm.register("k", "//triton_python_backend_shm_region_x", 0, 1).unwrap_err().to_string();
+        assert!(e.contains("as the key contains the reserved prefix"), "{e}");
+        let e = shm.register("k", "/plinth_no_such_key", 0, 1).unwrap_err();
+        assert!(
+            matches!(&e, Error::Internal(m) if m.starts_with("Unable to open shared memory region: '/plinth_no_such_key'"))
+        );
+    }
+
+    #[test]
+    fn unregistering_is_idempotent_and_needs_the_flag() {
+        let object = Object::new("unregister", 64);
+        let shm = SharedMemory::new(true);
+        shm.unregister(Some("never")).unwrap();
+        shm.register("a", &object.0, 0, 64).unwrap();
+        shm.register("b", &object.0, 0, 32).unwrap();
+        let held = shm.output(at("a", 0, 4)).unwrap();
+        let also = shm.output(at("a", 4, 4)).unwrap();
+        shm.unregister(Some("a")).unwrap();
+        held.write("y", &[9; 4]).unwrap();
+        assert_eq!(shm.status(None).unwrap().len(), 2, "a held region stays until its requests are done");
+        assert!(shm.read(&at("a", 0, 4)).is_ok(), "and is still usable");
+        assert!(matches!(shm.register("a", &object.0, 0, 64), Err(Error::AlreadyExists(_))));
+        drop(held);
+        assert_eq!(shm.status(None).unwrap().len(), 2);
+        drop(also);
+        assert_eq!(shm.status(None).unwrap().len(), 1, "gone with its last request");
+        shm.unregister(None).unwrap();
+        assert!(shm.status(None).unwrap().is_empty());
+        assert!(matches!(shm.status(Some("a")), Err(Error::NotFound(_))));
+
+        let off = SharedMemory::new(false);
+        for e in [off.register("a", &object.0, 0, 64).unwrap_err(), off.unregister(None).unwrap_err()] {
+            assert!(e.to_string().starts_with("Client shared memory is disabled."), "{e}");
+        }
+        assert!(off.status(None).unwrap().is_empty());
+    }
+}
