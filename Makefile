@@ -26,13 +26,15 @@ dist: setup
 # Benchmarks (bench/): /predict against the same pipeline in Python, latency
 # and failures while versions are swapped under load, residency, and the
 # scheduler against ONNX Runtime in-process, and a 4 MiB tensor as JSON,
-# binary data and through system shared memory.
+# binary data and through system shared memory, and response cache hits
+# against misses.
 bench: setup
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
 	.venv/bin/python bench/residency.py
 	.venv/bin/python bench/plugin_cache.py
 	.venv/bin/python bench/shared_memory.py
+	.venv/bin/python bench/response_cache.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
 

@@ -207,6 +207,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
     pub grpc_restricted_protocol: Vec<String>,
 
+    /// The response cache, as Triton's `<cache>,<key>=<value>`: Plinth has
+    /// `local,size=BYTES`, used by models with `response_cache { enable:
+    /// true }`.
+    #[arg(long, value_name = "CACHE,KEY=VALUE")]
+    pub cache_config: Vec<String>,
+
     /// Let clients register and unregister system shared memory regions
     /// (`/v2/systemsharedmemory`, Triton's flag and default).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
@@ -305,6 +311,7 @@ impl ServeArgs {
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
+            response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
         })
     }
 }

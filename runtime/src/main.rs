@@ -39,8 +39,11 @@ fn main() -> ExitCode {
 /// Runs `plinth check`: prints each problem on its own line; `Ok(true)` when
 /// there is none.
 fn check(args: &CheckArgs) -> Result<bool, String> {
-    let runtimes =
+    let mut runtimes =
         plinth::model::Runtimes::start(args.ort_dylib_path.as_deref(), plinth::plugin::PluginLimits::default(), None)?;
+    // The cache is the server's (`--cache-config`); a model may use it
+    // whatever its size, so a check gives the models an empty one.
+    runtimes.response_cache = Some(std::sync::Arc::new(plinth::model::ResponseCache::new(0)));
     let problems = plinth::lifecycle::check_repository(&args.model_repositories, &runtimes)?;
     for problem in &problems {
         println!("{problem}");

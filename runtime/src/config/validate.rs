@@ -490,12 +490,6 @@ fn unsupported(config: &ModelConfig, p: &mut Problems) {
         "model_transaction_policy.decoupled",
         "Plinth answers each request exactly once",
     );
-    p.refuse(
-        config.response_cache.as_ref().is_some_and(|c| c.enable),
-        "",
-        "response_cache.enable",
-        "Plinth has no response cache yet",
-    );
 }
 
 #[cfg(test)]
@@ -611,7 +605,6 @@ mod tests {
             (r#"model_repository_agents { agents [ { name: "checksum" } ] }"#, "'model_repository_agents'"),
             ("model_metrics { }", "'model_metrics'"),
             ("model_transaction_policy { decoupled: true }", "'model_transaction_policy.decoupled'"),
-            ("response_cache { enable: true }", "'response_cache.enable'"),
             ("sequence_batching { }", "'sequence_batching' is not supported yet"),
         ];
         for (field, named) in cases {

@@ -67,6 +67,10 @@ pub(super) struct Families {
     compute_infer_us: IntCounterVec,
     compute_output_us: IntCounterVec,
     request_seconds: HistogramVec,
+    cache_hits: IntCounterVec,
+    cache_misses: IntCounterVec,
+    cache_hit_us: IntCounterVec,
+    cache_miss_us: IntCounterVec,
 }
 
 impl Families {
@@ -114,6 +118,16 @@ impl Families {
                 "Cumulative time splitting batch outputs, in µs (once per execution)",
             ),
             request_seconds: register(registry, request_seconds),
+            cache_hits: per_model("nv_cache_num_hits_per_model", "Response cache hits"),
+            cache_misses: per_model("nv_cache_num_misses_per_model", "Response cache misses"),
+            cache_hit_us: per_model(
+                "nv_cache_hit_duration_per_model",
+                "Cumulative time looking up the answers found in the response cache, in µs",
+            ),
+            cache_miss_us: per_model(
+                "nv_cache_miss_duration_per_model",
+                "Cumulative time looking up and inserting the answers not in the response cache, in µs",
+            ),
         }
     }
 
@@ -132,6 +146,10 @@ impl Families {
             compute_infer_us: self.compute_infer_us.with_label_values(&labels),
             compute_output_us: self.compute_output_us.with_label_values(&labels),
             request_seconds: self.request_seconds.with_label_values(&labels),
+            cache_hits: self.cache_hits.with_label_values(&labels),
+            cache_misses: self.cache_misses.with_label_values(&labels),
+            cache_hit_us: self.cache_hit_us.with_label_values(&labels),
+            cache_miss_us: self.cache_miss_us.with_label_values(&labels),
         };
         ModelMetrics { labels: [model.to_owned(), version], series, statistics: Arc::default() }
     }
@@ -162,6 +180,10 @@ struct Series {
     compute_infer_us: IntCounter,
     compute_output_us: IntCounter,
     request_seconds: Histogram,
+    cache_hits: IntCounter,
+    cache_misses: IntCounter,
+    cache_hit_us: IntCounter,
+    cache_miss_us: IntCounter,
 }
 
 /// The inference metrics of one model version.
@@ -207,6 +229,21 @@ impl ModelMetrics {
         }
     }
 
+    /// A request answered from the response cache, its lookup taking `took`.
+    pub fn cache_hit(&self, took: Duration) {
+        self.series.cache_hits.inc();
+        self.series.cache_hit_us.inc_by(micros(took));
+        self.stats().cache_hit.add(took);
+    }
+
+    /// A request not in the response cache, its lookup and the insertion of
+    /// its answer taking `took`.
+    pub fn cache_miss(&self, took: Duration) {
+        self.series.cache_misses.inc();
+        self.series.cache_miss_us.inc_by(micros(took));
+        self.stats().cache_miss.add(took);
+    }
+
     /// A request ended after `took`: answered (`Ok`), or failed for one of
     /// Triton's reasons.
     pub fn finished(&self, outcome: Result<(), FailureReason>, took: Duration) {
@@ -228,7 +265,6 @@ impl ModelMetrics {
     /// This version's entry of Triton's statistics extension (`model_stats`).
     pub fn statistics(&self) -> ModelStatistics {
         let stats = self.stats();
-        let zero = Total::default();
         ModelStatistics {
             name: self.labels[0].clone(),
             version: self.labels[1].clone(),
@@ -242,8 +278,8 @@ impl ModelMetrics {
                 compute_input: stats.compute_input,
                 compute_infer: stats.compute_infer,
                 compute_output: stats.compute_output,
-                cache_hit: zero,
-                cache_miss: zero,
+                cache_hit: stats.cache_hit,
+                cache_miss: stats.cache_miss,
             },
             batch_stats: stats
                 .batches
@@ -318,9 +354,10 @@ pub struct InferenceStats {
     pub compute_infer: Total,
     /// Splitting batch outputs.
     pub compute_output: Total,
-    /// Always zero: Plinth has no response cache.
+    /// Answers from the response cache, with their lookup times.
     pub cache_hit: Total,
-    /// Always zero: Plinth has no response cache.
+    /// Requests not in the response cache (of models that use it), with
+    /// their lookup and insertion times.
     pub cache_miss: Total,
 }
 
@@ -356,5 +393,7 @@ struct Statistics {
     compute_input: Total,
     compute_infer: Total,
     compute_output: Total,
+    cache_hit: Total,
+    cache_miss: Total,
     batches: BTreeMap<usize, BatchTotals>,
 }

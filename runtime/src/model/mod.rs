@@ -2,6 +2,7 @@
 //! (plugin preprocess) → checks → scheduler → backend instances → (plugin
 //! postprocess). Plugins run per request, outside the scheduler.
 
+pub mod cache;
 mod check;
 mod ensemble;
 mod instances;
@@ -25,6 +26,7 @@ use crate::scheduler::policy::{Policy, RequestOptions};
 use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
+pub use cache::ResponseCache;
 pub use check::check_inputs;
 pub use ensemble::{Ensemble, Step};
 pub use outputs::OutputRequest;
@@ -41,6 +43,9 @@ pub struct Runtimes {
     pub plugins: PluginHost,
     /// Where each model's inference metrics are registered.
     pub metrics: Arc<Metrics>,
+    /// The server's response cache (`--cache-config`), for the models that
+    /// enable it.
+    pub response_cache: Option<Arc<ResponseCache>>,
 }
 
 impl Runtimes {
@@ -69,8 +74,27 @@ impl Runtimes {
             torch: crate::backend::torch::Libtorch::init(),
             plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
             metrics: Arc::new(Metrics::new()),
+            response_cache: None,
         })
     }
+}
+
+/// The response cache a model with `config` uses: the server's when the
+/// configuration enables it, else none.
+///
+/// # Errors
+/// A message when it enables it and the server has no cache, which Plinth
+/// refuses rather than serve uncached.
+fn response_cache(config: &ModelConfig, rt: &Runtimes) -> Result<Option<Arc<ResponseCache>>, String> {
+    if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return Ok(None);
+    }
+    rt.response_cache.clone().map(Some).ok_or_else(|| {
+        format!(
+            "response_cache.enable is set, but the server has no response cache; start it with {} local,size=BYTES",
+            cache::FLAG
+        )
+    })
 }
 
 /// `../lib/libonnxruntime.so` relative to the running binary, if it exists.
@@ -96,6 +120,8 @@ pub struct Model {
     plugin: Option<Arc<Plugin>>,
     /// Class labels of the outputs with a `label_filename`, by output.
     labels: HashMap<String, Vec<String>>,
+    /// The response cache, when the configuration enables it.
+    cache: Option<Arc<ResponseCache>>,
 }
 
 /// What runs a model's requests.
@@ -141,8 +167,10 @@ impl Model {
             let metrics = rt.metrics.for_model(&dir.name, version);
             let mut model = Model::ensemble(&dir.name, version, config, signature, ensemble, metrics);
             model.labels = outputs::load_labels(config, &dir.path)?;
+            model.cache = response_cache(config, rt)?;
             return Ok(model);
         }
+        let cache = response_cache(config, rt)?;
         let policy = Policy::from_config(config)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
@@ -175,6 +203,7 @@ impl Model {
         let metrics = rt.metrics.for_model(&dir.name, version);
         let mut model = Model::new(&dir.name, version, config, signature, instances, policy, metrics, plugin);
         model.labels = labels;
+        model.cache = cache;
         Ok(model)
     }
 
@@ -202,6 +231,7 @@ impl Model {
             metrics,
             plugin,
             labels: HashMap::new(),
+            cache: None,
         }
     }
 
@@ -223,6 +253,7 @@ impl Model {
             metrics,
             plugin: None,
             labels: HashMap::new(),
+            cache: None,
         }
     }
 
@@ -322,6 +353,30 @@ impl Model {
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         outputs::check(&self.signature, &self.name, requested)?;
+        let Some(cache) = &self.cache else { return self.compute(inputs, requested, options, runner).await };
+        let looked_up = Instant::now();
+        let key = ResponseCache::key(&self.name, self.version, &inputs, requested);
+        if let Some(outputs) = cache.get(&key) {
+            self.metrics.cache_hit(looked_up.elapsed());
+            return Ok((outputs, Timing::default()));
+        }
+        let lookup = looked_up.elapsed();
+        let (outputs, timing) = self.compute(inputs, requested, options, runner).await?;
+        let inserted = Instant::now();
+        cache.insert(key, &outputs);
+        self.metrics.cache_miss(lookup + inserted.elapsed());
+        Ok((outputs, timing))
+    }
+
+    /// The answer to checked inputs, computed: by the scheduler's backends
+    /// or the ensemble's steps.
+    async fn compute(
+        &self,
+        inputs: Vec<Tensor>,
+        requested: &[OutputRequest],
+        options: RequestOptions,
+        runner: &Arc<dyn ModelRunner>,
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
         let rows = if self.signature.max_batch_size > 0 {
             inputs.first().and_then(|t| t.shape.first().copied())
         } else {

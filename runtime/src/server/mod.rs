@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::lifecycle::{ControlMode, Lifecycle, LoadLimits, RuntimeLoader};
-use crate::model::Runtimes;
+use crate::model::{ResponseCache, Runtimes};
 use crate::plugin::PluginLimits;
 use crate::registry::Registry;
 
@@ -76,6 +76,9 @@ pub struct ServeOptions {
     pub grpc_restrictions: restrictions::Restrictions,
     /// `--allow-client-shm`: clients may register shared memory regions.
     pub allow_client_shm: bool,
+    /// `--cache-config local,size=BYTES`: the response cache's capacity;
+    /// `None`, no cache.
+    pub response_cache_bytes: Option<usize>,
 }
 
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
@@ -121,7 +124,9 @@ fn start_service(opts: &ServeOptions) -> Result<Service, String> {
             return Err(format!("model repository {} is not a folder", repo.display()));
         }
     }
-    let runtimes = Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
+    let mut runtimes =
+        Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
+    runtimes.response_cache = opts.response_cache_bytes.map(|bytes| Arc::new(ResponseCache::new(bytes)));
     if opts.control_mode == ControlMode::ModelMesh {
         // ModelMesh would place ONNX models here and see every load fail.
         if runtimes.onnx.is_none() {
