@@ -318,6 +318,9 @@ def test_registration_needs_the_flag_and_the_restricted_header(tmp_path):
             client.unregister_system_shared_memory()
         assert e.value.status() == "StatusCode.UNIMPLEMENTED"
         assert "system_shared_memory" in client.get_server_metadata(as_json=True)["extensions"]
+        with pytest.raises(InferenceServerException, match="CUDA shared memory is not supported") as e:
+            client.get_cuda_shared_memory_status()
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     finally:
         plinth.stop()
 

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::restrictions::{Api, Restrictions};
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
-use super::shared_memory::OutputPlaces;
+use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces};
 use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::config::proto::infer_parameter::ParameterChoice;
@@ -284,6 +284,30 @@ impl GrpcInferenceService for Grpc {
         let name = request.into_inner().name;
         self.service.shared_memory.unregister((!name.is_empty()).then_some(name.as_str()))?;
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        request: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Answer<pb::CudaSharedMemoryStatusResponse> {
+        self.allow(Api::SharedMemory, &request)?;
+        Err(Status::unimplemented(CUDA_UNSUPPORTED))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        request: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Answer<pb::CudaSharedMemoryRegisterResponse> {
+        self.allow(Api::SharedMemory, &request)?;
+        Err(Status::unimplemented(CUDA_UNSUPPORTED))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        request: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Answer<pb::CudaSharedMemoryUnregisterResponse> {
+        self.allow(Api::SharedMemory, &request)?;
+        Err(Status::unimplemented(CUDA_UNSUPPORTED))
     }
 
     async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
-use super::shared_memory::{OutputPlaces, RegionStatus};
+use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces, RegionStatus};
 use crate::error::Error;
 use crate::lifecycle::{FILE_PREFIX, LoadRequest};
 use crate::model::{Model, OutputRequest};
@@ -502,12 +502,7 @@ pub async fn unregister_shared_memory(
 
 /// `/v2/cudasharedmemory/...`: refused; Plinth has no CUDA memory to share.
 pub async fn cuda_shared_memory() -> ApiError {
-    Error::Unsupported(
-        "CUDA shared memory is not supported: Plinth shares system memory only \
-        (/v2/systemsharedmemory)"
-            .into(),
-    )
-    .into()
+    Error::Unsupported(CUDA_UNSUPPORTED.into()).into()
 }
 
 /// Any other path.

@@ -26,6 +26,11 @@ use crate::tensor::Tensor;
 /// `/dev/shm/k`.
 const SHM_DIR: &str = "/dev/shm";
 
+/// Why the CUDA shared memory extension's calls are refused (HTTP 501,
+/// gRPC UNIMPLEMENTED).
+pub const CUDA_UNSUPPORTED: &str =
+    "CUDA shared memory is not supported: Plinth shares system memory only (/v2/systemsharedmemory)";
+
 /// Keys Triton's Python backend keeps for itself; refused as Triton does.
 const RESERVED_PREFIX: &str = "triton_python_backend_shm_region_";
 
