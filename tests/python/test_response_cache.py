@@ -133,3 +133,22 @@ def test_a_cache_flag_plinth_cannot_honour_stops_start_up(tmp_path, flag, messag
     done = subprocess.run([binary, "serve", "--model-repository", tmp_path, "--http-port", "0", "--grpc-port", "0",
                            "--metrics-port", "0", "--cache-config", flag], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_a_version_reloaded_from_a_changed_file_does_not_get_the_old_answers(tmp_path):
+    make_triton_models.simple(tmp_path, "cached")
+    with open(tmp_path / "cached" / "config.pbtxt", "a") as config:
+        config.write(CACHED)
+    plinth = Plinth(tmp_path, "--cache-config", "local,size=65536", "--model-control-mode", "explicit",
+                    "--load-model", "cached")
+    try:
+        a, b = np.arange(16, dtype=np.int32).reshape(1, 16), np.ones((1, 16), dtype=np.int32)
+        assert np.array_equal(add_sub(plinth, "cached", a, b)[0], a + b)
+        assert np.array_equal(add_sub(plinth, "cached", a, b)[0], a + b)
+        # The same version 1, now computing the difference as OUTPUT0.
+        graph = make_triton_models.add_sub_graph("cached", True, "int32", "int32", "int32", swap=True)
+        make_triton_models.onnx_file(tmp_path / "cached" / "1" / "model.onnx", graph)
+        httpclient.InferenceServerClient(plinth.url).load_model("cached")
+        assert np.array_equal(add_sub(plinth, "cached", a, b)[0], a - b)
+    finally:
+        plinth.stop()

@@ -1,14 +1,16 @@
 //! Triton's response cache (`docs/user_guide/response_cache.md`): one
 //! store for the server (`--cache-config local,size=BYTES`), used by the
 //! models whose configuration has `response_cache { enable: true }`. A
-//! request whose model version, inputs (names, datatypes, shapes and bytes)
-//! and requested outputs equal an earlier successful one's gets that
+//! request to the same load of a model version (a version reloaded from a
+//! changed file starts afresh) whose inputs (names, datatypes, shapes and
+//! bytes) and requested outputs equal an earlier successful one's gets that
 //! answer without queueing or running the model. Entries go least recently
 //! used first when the store is full; an answer larger than the whole store
 //! is not kept.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::tensor::Tensor;
 
@@ -68,13 +70,21 @@ impl ResponseCache {
         Ok(size)
     }
 
-    /// The key of a request to `model` version `version` with `inputs`
-    /// asking for `requested` (empty: all outputs).
-    pub fn key(model: &str, version: u64, inputs: &[Tensor], requested: &[OutputRequest]) -> Key {
+    /// A number for one load of a model version, never given twice: part
+    /// of its keys, so that a version reloaded from a changed file never
+    /// gets the answers of the file it replaced.
+    pub fn new_owner() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The key of a request to the load `owner` ([`ResponseCache::new_owner`])
+    /// with `inputs` asking for `requested` (empty: all outputs).
+    pub fn key(owner: u64, inputs: &[Tensor], requested: &[OutputRequest]) -> Key {
         let hash = |seed: u64| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             seed.hash(&mut h);
-            (model, version).hash(&mut h);
+            owner.hash(&mut h);
             for t in inputs {
                 (&t.name, t.datatype.name(), &t.shape, &t.data).hash(&mut h);
             }
@@ -137,22 +147,22 @@ mod tests {
     }
 
     #[test]
-    fn the_key_covers_the_version_inputs_and_requested_outputs() {
+    fn the_key_covers_the_load_inputs_and_requested_outputs() {
         let x = [tensor("x", vec![1, 2])];
-        let base = ResponseCache::key("m", 1, &x, &[]);
-        assert_eq!(base, ResponseCache::key("m", 1, &[tensor("x", vec![1, 2])], &[]));
-        assert_ne!(base, ResponseCache::key("m", 2, &x, &[]));
-        assert_ne!(base, ResponseCache::key("n", 1, &x, &[]));
-        assert_ne!(base, ResponseCache::key("m", 1, &[tensor("x", vec![1, 3])], &[]));
+        let (one, other) = (ResponseCache::new_owner(), ResponseCache::new_owner());
+        let base = ResponseCache::key(one, &x, &[]);
+        assert_eq!(base, ResponseCache::key(one, &[tensor("x", vec![1, 2])], &[]));
+        assert_ne!(base, ResponseCache::key(other, &x, &[]));
+        assert_ne!(base, ResponseCache::key(one, &[tensor("x", vec![1, 3])], &[]));
         let y = [OutputRequest { name: "y".into(), classification: None }];
-        assert_ne!(base, ResponseCache::key("m", 1, &x, &y));
+        assert_ne!(base, ResponseCache::key(one, &x, &y));
     }
 
     #[test]
     fn the_least_recently_used_answers_go_first() {
         let one = |n: u8| vec![tensor("y", vec![n; 10])]; // 10 + 1 + 8 bytes
         let cache = ResponseCache::new(40);
-        let key = |n: u8| ResponseCache::key("m", 1, &[tensor("x", vec![n])], &[]);
+        let key = |n: u8| ResponseCache::key(0, &[tensor("x", vec![n])], &[]);
         cache.insert(key(1), &one(1));
         cache.insert(key(2), &one(2));
         assert_eq!(cache.get(&key(1)), Some(one(1)), "1 is now the most recently used");

@@ -85,11 +85,11 @@ impl Runtimes {
 /// # Errors
 /// A message when it enables it and the server has no cache, which Plinth
 /// refuses rather than serve uncached.
-fn response_cache(config: &ModelConfig, rt: &Runtimes) -> Result<Option<Arc<ResponseCache>>, String> {
+fn response_cache(config: &ModelConfig, rt: &Runtimes) -> Result<Option<(Arc<ResponseCache>, u64)>, String> {
     if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
         return Ok(None);
     }
-    rt.response_cache.clone().map(Some).ok_or_else(|| {
+    rt.response_cache.clone().map(|cache| Some((cache, ResponseCache::new_owner()))).ok_or_else(|| {
         format!(
             "response_cache.enable is set, but the server has no response cache; start it with {} local,size=BYTES",
             cache::FLAG
@@ -120,8 +120,9 @@ pub struct Model {
     plugin: Option<Arc<Plugin>>,
     /// Class labels of the outputs with a `label_filename`, by output.
     labels: HashMap<String, Vec<String>>,
-    /// The response cache, when the configuration enables it.
-    cache: Option<Arc<ResponseCache>>,
+    /// The response cache, when the configuration enables it, and this
+    /// load's owner number in it.
+    cache: Option<(Arc<ResponseCache>, u64)>,
 }
 
 /// What runs a model's requests.
@@ -353,9 +354,9 @@ impl Model {
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         outputs::check(&self.signature, &self.name, requested)?;
-        let Some(cache) = &self.cache else { return self.compute(inputs, requested, options, runner).await };
+        let Some((cache, owner)) = &self.cache else { return self.compute(inputs, requested, options, runner).await };
         let looked_up = Instant::now();
-        let key = ResponseCache::key(&self.name, self.version, &inputs, requested);
+        let key = ResponseCache::key(*owner, &inputs, requested);
         if let Some(outputs) = cache.get(&key) {
             self.metrics.cache_hit(looked_up.elapsed());
             return Ok((outputs, Timing::default()));
