@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -24,6 +25,14 @@ def wait_until(what, condition):
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.02)
+
+
+def metric(server, family, model, version=1):
+    """The value of `family`'s series for `model` and `version` on
+    `server`'s /metrics; 0 when it has none."""
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=HANG_GUARD_S).read().decode()
+    prefix = f'{family}{{model="{model}",version="{version}"}} '
+    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
 
 
 def patient_plugins(extra):

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from conftest import ROOT, Plinth, wait_until
+from conftest import ROOT, Plinth, metric, wait_until
 
 sys.path.insert(0, str(ROOT / "tests/fixtures"))
 import make_triton_models  # noqa: E402
@@ -323,12 +323,6 @@ def test_registration_needs_the_flag_and_the_restricted_header(tmp_path):
         assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     finally:
         plinth.stop()
-
-
-def metric(server, family, model):
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=120).read().decode()
-    prefix = f'{family}{{model="{model}",version="1"}} '
-    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
 
 
 def test_unregistering_during_50_requests_waits_for_them(server, regions):

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, Plinth, wait_until
+from conftest import ROOT, Plinth, metric, wait_until
 
 CLS = ROOT / "model_repository/ocr_cls/1/model.onnx"
 CLS_OUT = "save_infer_model/scale_0.tmp_1"
@@ -49,12 +49,6 @@ def rows(seed, n=1):
 def expected(x):
     (probs,) = onnxruntime.InferenceSession(str(CLS)).run([CLS_OUT], {"x": x})
     return probs
-
-
-def metric(server, family, model):
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics").read().decode()
-    prefix = f'{family}{{model="{model}",version="1"}} '
-    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
 
 
 def canceled(server, model):

@@ -122,7 +122,8 @@ impl ResponseCache {
     }
 
     /// Bytes held, and the number of answers.
-    pub fn usage(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn usage(&self) -> (usize, usize) {
         let store = self.lock();
         (store.used, store.entries.len())
     }

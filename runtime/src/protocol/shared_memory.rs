@@ -110,10 +110,11 @@ pub trait Regions {
     fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error>;
 }
 
-/// No region registered (for decoding where there is no server, as in
-/// unit tests).
+/// No region registered: decoding in unit tests, where there is no server.
+#[cfg(test)]
 pub struct NoRegions;
 
+#[cfg(test)]
 impl Regions for NoRegions {
     fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
         Err(Error::NotFound(format!("Unable to find shared memory region: '{}'", at.region)))
