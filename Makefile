@@ -35,6 +35,7 @@ bench: setup
 	.venv/bin/python bench/plugin_cache.py
 	.venv/bin/python bench/shared_memory.py
 	.venv/bin/python bench/response_cache.py
+	.venv/bin/python bench/vad_stream.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
 

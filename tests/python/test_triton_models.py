@@ -301,7 +301,7 @@ def post_infer(server, model, body):
 
 
 @pytest.mark.parametrize("where, parameters, named", [
-    ("request", {"sequence_id": 7}, "request parameter 'sequence_id' is not supported"),
+    ("request", {"sequence_id": 7}, "model 'simple' has no sequence_batching: the request parameters 'sequence_id'"),
     ("request", {"my_flag": True}, "unknown request parameter 'my_flag'"),
     ("request", {"shared_memory_region": "r"}, "unknown request parameter 'shared_memory_region'"),
     ("input", {"binary_data": True}, "unknown input 'INPUT0' parameter 'binary_data'"),
@@ -317,12 +317,12 @@ def test_request_parameters_plinth_does_not_act_on_are_refused_by_name(server, w
     assert (status, answer["error"][:len(named)]) == (400, named), answer
 
 
-def test_grpc_refuses_the_sequence_parameters_by_name(server):
+def test_grpc_refuses_the_sequence_parameters_for_a_model_without_sequence_batching(server):
     a, b = add_sub_inputs("onnx_int32_int32_int32", seed=1)
     grpc = grpcclient.InferenceServerClient(url=server.grpc_url)
     with pytest.raises(Exception) as e:
         grpc.infer("simple", inputs(grpcclient, [a, b]), sequence_id=9, sequence_start=True)
-    assert "request parameter 'sequence_" in str(e.value) and "is not supported" in str(e.value), e.value
+    assert "has no sequence_batching" in str(e.value) and "'sequence_id'" in str(e.value), e.value
 
 
 @pytest.mark.parametrize("model, shape", [("libtorch_nobatch_object_object_object", [5]),

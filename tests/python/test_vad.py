@@ -1,18 +1,30 @@
 """Voice activity detection end to end: speech made with espeak-ng (Debian's
 package, installed by `make setup`) between stretches of silence, through
 the `vad` model (Silero VAD run window by window by its plugin through the
-host). Segments cover the speech and none falls in the silence; a sine
-tone has none; other rates, stereo and non-WAV bodies get a clear 400."""
+host, which carries the model's state as implicit state). Segments cover
+the speech and none falls in the silence; a sine tone has none; other
+rates, stereo and non-WAV bodies get a clear 400. The same audio streamed
+window by window over gRPC as one sequence (examples/vad_stream.py) gets
+the whole-file answer's probabilities, window for window; two sequences
+streamed at once never mix their state."""
 
 import io
 import json
+import pathlib
 import subprocess
+import sys
+import threading
 import urllib.error
 import urllib.request
 import wave
 
 import numpy as np
 import pytest
+
+from conftest import metric
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+import vad_stream  # noqa: E402
 
 SILENCE_S = 1.5
 
@@ -45,8 +57,8 @@ def speech(rate, tmp_path):
     return wav_bytes(np.concatenate([silence, voice, silence]), rate), clip, (first, last)
 
 
-def post(server, body):
-    request = urllib.request.Request(f"http://{server.url}/v2/models/vad/predict", data=body,
+def post(server, body, query=""):
+    request = urllib.request.Request(f"http://{server.url}/v2/models/vad/predict{query}", data=body,
                                      headers={"Content-Type": "audio/wav"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -84,3 +96,60 @@ def test_a_sine_tone_has_no_speech(example_server):
 def test_audio_it_cannot_take_is_a_clear_400(example_server, body, message):
     status, answer = post(example_server, body)
     assert status == 400 and message in answer["error"], answer
+
+
+def samples_of(body):
+    with wave.open(io.BytesIO(body)) as w:
+        rate = w.getframerate()
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768.0, rate
+
+
+def test_streamed_windows_equal_the_whole_file_answer(example_server, tmp_path):
+    body, _, _ = speech(16000, tmp_path)
+    status, answer = post(example_server, body, "?probabilities=true")
+    assert status == 200, answer
+    whole = answer["probabilities"]
+    assert max(whole) > 0.5 > min(whole), "the clip has speech and silence"
+    samples, rate = samples_of(body)
+    streamed, _ = vad_stream.stream(example_server.grpc_url, samples, rate, sequence_id=4242)
+    assert len(streamed) == len(whole)
+    np.testing.assert_allclose(streamed, whole, rtol=0, atol=1e-6)
+
+
+def test_two_streams_at_once_keep_their_own_state(example_server, tmp_path):
+    speech_body, _, _ = speech(16000, tmp_path)
+    tone = 0.3 * 32767 * np.sin(2 * np.pi * 440 * np.arange(3 * 16000) / 16000)
+    expected, got = {}, {}
+    for name, body in (("speech", speech_body), ("tone", wav_bytes(tone, 16000))):
+        status, answer = post(example_server, body, "?probabilities=true")
+        assert status == 200, answer
+        expected[name] = answer["probabilities"]
+
+    def run(name, body, sequence_id):
+        samples, rate = samples_of(body)
+        got[name] = vad_stream.stream(example_server.grpc_url, samples, rate, sequence_id)[0]
+
+    threads = [threading.Thread(target=run, args=("speech", speech_body, 1)),
+               threading.Thread(target=run, args=("tone", wav_bytes(tone, 16000), "tone-sequence"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
+    assert metric(example_server, "plinth_sequence_active", "vad") == 0, "every sequence ended"
+
+
+def test_a_window_outside_a_sequence_is_refused_naming_the_parameters(example_server):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    audio = grpcclient.InferInput("input", [1, 576], "FP32")
+    audio.set_data_from_numpy(np.zeros((1, 576), np.float32))
+    sr = grpcclient.InferInput("sr", [], "INT64")
+    sr.set_data_from_numpy(np.array(16000, dtype=np.int64))
+    with pytest.raises(InferenceServerException, match="must specify a non-zero or non-empty correlation ID"):
+        client.infer("vad", [audio, sr])
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        client.infer("vad", [audio, sr], sequence_id=77)

@@ -1,15 +1,18 @@
-//! Voice activity detection with Silero VAD, whose recurrent state is an
-//! explicit input (`state`, [2, 1, 128]) and output (`stateN`). The body is
-//! a WAV file: mono PCM (integer or float) at 16 kHz or 8 kHz. The audio is
-//! cut into windows of 512 samples (256 at 8 kHz), each preceded by the last
-//! 64 (32) samples of the one before, and run in order with the state
-//! carried: `preprocess` returns the first window, `postprocess` runs the
-//! rest through the host (`plinth_plugin_sdk::infer` on this same model)
-//! and turns the speech probabilities into segments the way Silero's
+//! Voice activity detection with Silero VAD. The model's recurrent state
+//! (`state` in, `stateN` out, [2, 1, 128]) is implicit state in
+//! `config.pbtxt`: the host carries it between the windows of one request,
+//! which the host runs as one sequence, so this plugin never sees it. The
+//! body is a WAV file: mono PCM (integer or float) at 16 kHz or 8 kHz. The
+//! audio is cut into windows of 512 samples (256 at 8 kHz), each preceded
+//! by the last 64 (32) samples of the one before, and run in order:
+//! `preprocess` returns the first window, `postprocess` runs the rest
+//! through the host (`plinth_plugin_sdk::infer` on this same model) and
+//! turns the speech probabilities into segments the way Silero's
 //! `get_speech_timestamps` does. Answers
 //! `{"sample_rate": 16000, "duration": 4.2, "segments": [{"start": 1.47, "end": 3.1}]}`
 //! in seconds. Query parameter `threshold` (default 0.5) sets the speech
-//! probability.
+//! probability; `probabilities=true` adds each window's speech probability
+//! (`"probabilities": [...]`, one per window, in order).
 
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
 
@@ -60,15 +63,17 @@ impl Audio {
 impl Plugin for Vad {
     fn init(info: &ModelInfo) -> Result<Self, Error> {
         let names: Vec<&str> = info.inputs.iter().map(|i| i.name.as_str()).collect();
-        if names != ["input", "state", "sr"] {
-            return Err(Error::internal(format!("expected Silero VAD's inputs [input, state, sr], got {names:?}")));
+        if names != ["input", "sr"] {
+            return Err(Error::internal(format!(
+                "expected Silero VAD's inputs [input, sr] (with 'state' as implicit state in config.pbtxt), got {names:?}"
+            )));
         }
         Ok(Vad { name: info.name.clone(), version: info.version })
     }
 
     fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error> {
         let audio = decode(&req.body)?;
-        Ok(model_inputs(&audio, 0, &[0.0; 2 * 128]))
+        Ok(model_inputs(&audio, 0))
     }
 
     fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
@@ -81,23 +86,29 @@ impl Plugin for Vad {
                 .filter(|t| (0.0..=1.0).contains(t))
                 .ok_or_else(|| Error::bad_input(format!("threshold must be a number from 0 to 1, got '{v}'")))?,
         };
-        let (mut probability, mut state) = read_outputs(&outputs)?;
-        let mut probabilities = vec![probability];
+        let with_probabilities = match req.param("probabilities") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => return Err(Error::bad_input(format!("probabilities must be true or false, got '{v}'"))),
+        };
+        let mut probabilities = vec![read_probability(&outputs)?];
         for i in 1..audio.windows() {
-            let inputs = model_inputs(&audio, i, &state);
-            let outputs = plinth_plugin_sdk::infer(&self.name, Some(self.version), &inputs, &[])?;
-            (probability, state) = read_outputs(&outputs)?;
-            probabilities.push(probability);
+            let outputs = plinth_plugin_sdk::infer(&self.name, Some(self.version), &model_inputs(&audio, i), &[])?;
+            probabilities.push(read_probability(&outputs)?);
         }
         let segments: Vec<_> = segments(&audio, &probabilities, threshold)
             .into_iter()
             .map(|(start, end)| serde_json::json!({ "start": seconds(&audio, start), "end": seconds(&audio, end) }))
             .collect();
-        Ok(Response::json(&serde_json::json!({
+        let mut answer = serde_json::json!({
             "sample_rate": audio.rate,
             "duration": seconds(&audio, audio.samples.len()),
             "segments": segments,
-        })))
+        });
+        if with_probabilities {
+            answer["probabilities"] = serde_json::json!(probabilities);
+        }
+        Ok(Response::json(&answer))
     }
 }
 
@@ -129,31 +140,21 @@ fn decode(body: &[u8]) -> Result<Audio, Error> {
     Ok(Audio { rate: spec.sample_rate, samples })
 }
 
-/// The model's inputs for window `i`: samples [1, window + context], state
-/// [2, 1, 128] and the rate as an INT64 scalar.
-fn model_inputs(audio: &Audio, i: usize, state: &[f32]) -> Vec<Tensor> {
+/// The model's inputs for window `i`: samples [1, window + context] and
+/// the rate as an INT64 scalar (the host adds the state).
+fn model_inputs(audio: &Audio, i: usize) -> Vec<Tensor> {
     let window = audio.window_input(i);
     vec![
         Tensor::from_slice("input", &[1, window.len() as i64], &window),
-        Tensor::from_slice("state", &[2, 1, 128], state),
         Tensor::from_slice("sr", &[], &[i64::from(audio.rate)]),
     ]
 }
 
-/// The speech probability and the next state.
-fn read_outputs(outputs: &[Tensor]) -> Result<(f32, Vec<f32>), Error> {
-    let find = |name: &str| {
-        outputs
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| Error::internal(format!("the model returned no '{name}'")))
-    };
-    let probability = *find("output")?.to_vec::<f32>()?.first().ok_or_else(|| Error::internal("empty 'output'"))?;
-    let state = find("stateN")?.to_vec::<f32>()?;
-    if state.len() != 2 * 128 {
-        return Err(Error::internal(format!("'stateN' has {} values, expected 256", state.len())));
-    }
-    Ok((probability, state))
+/// The speech probability of one window.
+fn read_probability(outputs: &[Tensor]) -> Result<f32, Error> {
+    let output =
+        outputs.iter().find(|t| t.name == "output").ok_or_else(|| Error::internal("the model returned no 'output'"))?;
+    output.to_vec::<f32>()?.first().copied().ok_or_else(|| Error::internal("empty 'output'"))
 }
 
 /// Speech segments as sample ranges, from one probability per window:

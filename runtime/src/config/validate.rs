@@ -245,9 +245,10 @@ fn scheduling(config: &ModelConfig, p: &mut Problems) {
     let is_ensemble = config.platform == ENSEMBLE_PLATFORM;
     match &config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => dynamic_batching(db, config.max_batch_size, p),
-        Some(SchedulingChoice::SequenceBatching(_)) => {
-            p.add("'sequence_batching' is not supported yet; remove it to serve the model without it")
+        Some(SchedulingChoice::SequenceBatching(_)) if is_ensemble => {
+            p.add("an ensemble cannot have 'sequence_batching'; its steps that are sequence models have it")
         }
+        Some(SchedulingChoice::SequenceBatching(_)) => {}
         Some(SchedulingChoice::EnsembleScheduling(_)) if !is_ensemble => p.add(format!(
             "'ensemble_scheduling' is set on a model whose platform is '{}'; only platform '{ENSEMBLE_PLATFORM}' has steps",
             config.platform
@@ -605,7 +606,6 @@ mod tests {
             (r#"model_repository_agents { agents [ { name: "checksum" } ] }"#, "'model_repository_agents'"),
             ("model_metrics { }", "'model_metrics'"),
             ("model_transaction_policy { decoupled: true }", "'model_transaction_policy.decoupled'"),
-            ("sequence_batching { }", "'sequence_batching' is not supported yet"),
         ];
         for (field, named) in cases {
             let found = problems(&format!("platform: \"onnxruntime_onnx\" max_batch_size: 1 {io} {field}"));

@@ -20,12 +20,18 @@ impl ModelRunner for Lifecycle {
         version: Option<u64>,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
+        mut options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
             let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
             let runner: Arc<dyn ModelRunner> = self;
-            let (outputs, _) = callee.infer(inputs, &requested, RequestOptions::default(), &runner).await?;
+            // An ensemble's sequence reaches the steps that are sequence
+            // models (or ensembles); the others run as if it had none.
+            if !callee.takes_sequences() {
+                options.sequence = None;
+            }
+            let (outputs, _) = callee.infer(inputs, &requested, options, &runner).await?;
             Ok(outputs)
         })
     }
@@ -43,7 +49,7 @@ impl ModelRunner for Lifecycle {
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
-            let context = CallContext { runner: self, chain };
+            let context = CallContext { runner: self, chain, sequence: None };
             let (response, _) = callee.predict_within(request, context).await?;
             Ok(response)
         })

@@ -15,7 +15,7 @@ use crate::backend::fake::{Doubler, Gate};
 use crate::config::{self, ModelConfig, Signature};
 use crate::error::LoadError;
 use crate::metrics::Metrics;
-use crate::model::{Ensemble, Model};
+use crate::model::{Ensemble, Model, Scheduling};
 use crate::registry::Registry;
 use crate::repository::ModelDir;
 use crate::residency::Budget;
@@ -69,7 +69,8 @@ impl Loader for FakeLoader {
         let policy = Policy::from_config(config).map_err(LoadError::Failed)?;
         let instances: Vec<Arc<dyn Backend>> = vec![Arc::new(Doubler::default())];
         let metrics = self.metrics.for_model(&dir.name, version);
-        let model = Model::new(&dir.name, version, config, signature, instances, policy, metrics, None);
+        let model =
+            Model::new(&dir.name, version, config, signature, instances, Scheduling::Dynamic(policy), metrics, None);
         Ok((model, bytes))
     }
 }

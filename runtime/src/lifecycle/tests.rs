@@ -12,6 +12,7 @@ use crate::backend::fake::{Doubler, Gate};
 use crate::error::{Error, LoadError};
 use crate::plugin::ModelRunner;
 use crate::residency::Budget;
+use crate::scheduler::policy::RequestOptions;
 
 const NO_BUDGET: Budget = Budget { bytes: None, models: None };
 
@@ -250,14 +251,18 @@ async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
     let (lifecycle, _) = lifecycle(ControlMode::OnDemand, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&[]).await.unwrap();
     let runner: Arc<dyn ModelRunner> = lifecycle.clone();
-    let outputs = runner.clone().infer("a".into(), None, Doubler::input(&[1.5]), vec![]).await.unwrap();
+    let outputs = runner
+        .clone()
+        .infer("a".into(), None, Doubler::input(&[1.5]), vec![], RequestOptions::default())
+        .await
+        .unwrap();
     assert_eq!(Doubler::values(&outputs[0]), [3.0], "an on-demand callee loads on the first call");
     let no_plugin = runner.clone().predict("a".into(), None, Default::default(), vec!["caller".into()]).await;
     assert!(
         matches!(&no_plugin, Err(Error::InvalidArgument(m)) if m.contains("model 'a' has no plugin")),
         "{no_plugin:?}"
     );
-    let unknown = runner.infer("zzz".into(), None, vec![], vec![]).await.unwrap_err();
+    let unknown = runner.infer("zzz".into(), None, vec![], vec![], RequestOptions::default()).await.unwrap_err();
     assert_eq!(unknown, Error::NotFound("Request for unknown model: 'zzz' is not found".into()));
 }
 
@@ -265,7 +270,7 @@ async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
 async fn run(lifecycle: &Arc<super::Lifecycle>, model: &str, x: f32) -> Result<Vec<f32>, Error> {
     let runner: Arc<dyn ModelRunner> = lifecycle.clone();
     let input = vec![crate::tensor::Tensor { name: "IN".into(), ..Doubler::input(&[x]).remove(0) }];
-    let outputs = runner.infer(model.into(), None, input, vec![]).await?;
+    let outputs = runner.infer(model.into(), None, input, vec![], RequestOptions::default()).await?;
     Ok(Doubler::values(&outputs[0]))
 }
 
@@ -297,7 +302,7 @@ async fn an_ensemble_loads_its_steps_and_runs_them_as_a_graph() {
     lifecycle.unload("b", false).await.unwrap();
     let failed = run(&lifecycle, "three", 1.0).await.unwrap_err();
     assert!(
-        matches!(&failed, Error::Unavailable(m) if m.contains("ensemble 'three' step 0 (model 'twice_twice'): ensemble 'twice_twice' step 1 (model 'b')")),
+        matches!(&failed, Error::Unavailable(m) if m.starts_with("in ensemble 'three', in ensemble 'twice_twice', ") && m.ends_with("(step 1, model 'b') (step 0, model 'twice_twice')")),
         "{failed:?}"
     );
 }

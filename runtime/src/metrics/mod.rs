@@ -16,7 +16,9 @@ mod system;
 use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
-pub use model::{BatchStats, Compute, FailureReason, InferenceStats, ModelMetrics, ModelStatistics, Total};
+pub use model::{
+    BatchStats, Compute, FailureReason, InferenceStats, ModelMetrics, ModelStatistics, SequenceEnd, Total,
+};
 pub use plugin::{PluginMetrics, PluginStage};
 pub use residency::ResidencyMetrics;
 

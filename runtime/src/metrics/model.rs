@@ -71,6 +71,32 @@ pub(super) struct Families {
     cache_misses: IntCounterVec,
     cache_hit_us: IntCounterVec,
     cache_miss_us: IntCounterVec,
+    sequences_active: IntGaugeVec,
+    sequences_ended: IntCounterVec,
+}
+
+/// Why a sequence of a sequence model ended, as
+/// `plinth_sequence_ended_total` labels it (`reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SequenceEnd {
+    /// Its request with `sequence_end` ran.
+    End,
+    /// No request came for `max_sequence_idle_microseconds`.
+    Idle,
+    /// A request of it was cancelled, or its gRPC stream closed before its
+    /// end.
+    Cancelled,
+}
+
+impl SequenceEnd {
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SequenceEnd::End => "END",
+            SequenceEnd::Idle => "IDLE",
+            SequenceEnd::Cancelled => "CANCELLED",
+        }
+    }
 }
 
 impl Families {
@@ -95,6 +121,19 @@ impl Families {
         let pending = IntGaugeVec::new(
             Opts::new("nv_inference_pending_request_count", "Inference requests queued, not yet running"),
             MODEL_LABELS,
+        )
+        .expect("valid metric");
+        let sequences_active = IntGaugeVec::new(
+            Opts::new(
+                "plinth_sequence_active",
+                "Sequences of a sequence model that are open: holding a batch slot or waiting for one",
+            ),
+            MODEL_LABELS,
+        )
+        .expect("valid metric");
+        let sequences_ended = IntCounterVec::new(
+            Opts::new("plinth_sequence_ended_total", "Sequences ended, by reason (END, IDLE, CANCELLED)"),
+            &["model", "version", "reason"],
         )
         .expect("valid metric");
         Families {
@@ -128,6 +167,8 @@ impl Families {
                 "nv_cache_miss_duration_per_model",
                 "Cumulative time looking up and inserting the answers not in the response cache, in µs",
             ),
+            sequences_active: register(registry, sequences_active),
+            sequences_ended: register(registry, sequences_ended),
         }
     }
 
@@ -150,6 +191,8 @@ impl Families {
             cache_misses: self.cache_misses.with_label_values(&labels),
             cache_hit_us: self.cache_hit_us.with_label_values(&labels),
             cache_miss_us: self.cache_miss_us.with_label_values(&labels),
+            sequences_active: self.sequences_active.with_label_values(&labels),
+            sequences_ended: self.sequences_ended.clone(),
         };
         ModelMetrics { labels: [model.to_owned(), version], series, statistics: Arc::default() }
     }
@@ -184,6 +227,8 @@ struct Series {
     cache_misses: IntCounter,
     cache_hit_us: IntCounter,
     cache_miss_us: IntCounter,
+    sequences_active: IntGauge,
+    sequences_ended: IntCounterVec,
 }
 
 /// The inference metrics of one model version.
@@ -208,6 +253,14 @@ impl ModelMetrics {
 
     /// One execution of `rows` rows; inferences count only when it succeeded.
     pub fn executed(&self, rows: usize, compute: Compute, ok: bool) {
+        self.executed_padded(rows, rows, compute, ok);
+    }
+
+    /// One execution of a batch of `batch_size` rows of which `rows` are
+    /// requests and the rest padding (a sequence model's idle slots): the
+    /// batch statistics count the batch size, the inference count only the
+    /// requests, as Triton counts them.
+    pub fn executed_padded(&self, batch_size: usize, rows: usize, compute: Compute, ok: bool) {
         let s = &self.series;
         s.exec_count.inc();
         s.compute_input_us.inc_by(micros(compute.input));
@@ -218,7 +271,7 @@ impl ModelMetrics {
         stats.compute_input.add(compute.input);
         stats.compute_infer.add(compute.infer);
         stats.compute_output.add(compute.output);
-        let batch = stats.batches.entry(rows).or_default();
+        let batch = stats.batches.entry(batch_size).or_default();
         batch.compute_input.add(compute.input);
         batch.compute_infer.add(compute.infer);
         batch.compute_output.add(compute.output);
@@ -227,6 +280,16 @@ impl ModelMetrics {
             stats.inference_count += rows as u64;
             stats.last_inference = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         }
+    }
+
+    /// `plinth_sequence_active`: the open sequences of a sequence model.
+    pub fn sequences_active(&self) -> &IntGauge {
+        &self.series.sequences_active
+    }
+
+    /// A sequence ended for `reason`.
+    pub fn sequence_ended(&self, reason: SequenceEnd) {
+        self.series.sequences_ended.with_label_values(&[&self.labels[0], &self.labels[1], reason.label()]).inc();
     }
 
     /// A request answered from the response cache, its lookup taking `took`.

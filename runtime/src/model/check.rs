@@ -1,10 +1,59 @@
 //! Checks that keep bad tensors away from the backend: the configuration
 //! against the model file at load, and each request against the signature.
 
+use super::Scheduling;
 use crate::backend::ModelIo;
 use crate::config::{CONFIG_FILE, Signature};
 use crate::error::Error;
 use crate::tensor::{Tensor, TensorSpec};
+
+/// The model file's inputs and outputs that requests send and receive:
+/// without the sequence controls and state the host fills in and takes
+/// out, each of which must be a model input (state: and output) of the
+/// datatype the host gives it.
+///
+/// # Errors
+/// A message naming the control or state tensor the model lacks or has
+/// with another datatype.
+pub fn client_tensors(
+    scheduling: &Scheduling,
+    inputs: &[ModelIo],
+    outputs: &[ModelIo],
+) -> Result<(Vec<ModelIo>, Vec<ModelIo>), String> {
+    let Scheduling::Sequence(policy) = scheduling else { return Ok((inputs.to_vec(), outputs.to_vec())) };
+    let host_input =
+        |name: &str, datatype, what: &str| -> Result<(), String> { host_tensor(inputs, name, datatype, what, "input") };
+    for control in &policy.controls {
+        host_input(&control.name, control.datatype, "sequence_batching control")?;
+    }
+    for state in &policy.states {
+        host_input(&state.input, state.datatype, "sequence_batching state")?;
+        host_tensor(outputs, &state.output, state.datatype, "sequence_batching state", "output")?;
+    }
+    let host_inputs = policy.host_inputs();
+    let state_outputs: Vec<&str> = policy.states.iter().map(|s| s.output.as_str()).collect();
+    Ok((
+        inputs.iter().filter(|io| !host_inputs.contains(&io.name.as_str())).cloned().collect(),
+        outputs.iter().filter(|io| !state_outputs.contains(&io.name.as_str())).cloned().collect(),
+    ))
+}
+
+fn host_tensor(
+    tensors: &[ModelIo],
+    name: &str,
+    datatype: crate::tensor::DataType,
+    what: &str,
+    kind: &str,
+) -> Result<(), String> {
+    let io = tensors.iter().find(|io| io.name == name).ok_or_else(|| {
+        let names: Vec<_> = tensors.iter().map(|io| io.name.as_str()).collect();
+        format!("{what} names {kind} '{name}', but the model's {kind}s are {names:?}")
+    })?;
+    match io.datatype {
+        Some(dt) if dt == datatype => Ok(()),
+        _ => Err(format!("{what} {kind} '{name}' is {datatype} in {CONFIG_FILE}, but the model's is {}", io.type_name)),
+    }
+}
 
 /// Checks the configuration's inputs and outputs against the model file's:
 /// the configuration declares all of the model's inputs or none, and every

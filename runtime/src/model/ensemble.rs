@@ -15,6 +15,7 @@ use crate::config::proto::model_config::SchedulingChoice;
 use crate::config::{ModelConfig, Signature};
 use crate::error::Error;
 use crate::plugin::ModelRunner;
+use crate::scheduler::policy::RequestOptions;
 use crate::tensor::Tensor;
 
 /// One step: a model and how its tensors connect to the ensemble's.
@@ -80,6 +81,7 @@ impl Ensemble {
         signature: &Signature,
         inputs: Vec<Tensor>,
         wanted: &[&str],
+        options: RequestOptions,
         runner: &Arc<dyn ModelRunner>,
     ) -> Result<Vec<Tensor>, Error> {
         // Each tensor, and whether it has a batch dimension (it comes from
@@ -103,7 +105,7 @@ impl Ensemble {
                         (Tensor { name: input.clone(), ..t.clone() }, *batched)
                     })
                     .collect();
-                running.spawn(run_step(runner.clone(), i, step, step_inputs));
+                running.spawn(run_step(runner.clone(), i, step, step_inputs, options.clone()));
             }
             let Some(done) = running.join_next().await else { break };
             let (i, result) = done.map_err(|e| Error::Internal(format!("ensemble '{name}': a step failed: {e}")))?;
@@ -159,6 +161,7 @@ async fn run_step(
     i: usize,
     step: Step,
     inputs: Vec<(Tensor, bool)>,
+    options: RequestOptions,
 ) -> (usize, Result<(Vec<Tensor>, bool), Error>) {
     let call = async {
         let signature = runner.clone().signature(step.model.clone(), step.version).await?;
@@ -173,7 +176,7 @@ async fn run_step(
             })
             .collect();
         let outputs = step.outputs.iter().map(|(output, _)| output.clone()).collect();
-        let outputs = runner.infer(step.model.clone(), step.version, inputs, outputs).await?;
+        let outputs = runner.infer(step.model.clone(), step.version, inputs, outputs, options).await?;
         Ok((outputs, batching))
     };
     (i, call.await)
@@ -195,9 +198,11 @@ fn fit(shape: &[i64], batched: bool, dims: &[i64], batching: bool) -> Vec<i64> {
     }
 }
 
-/// A step's error, of the same class, saying which step of which ensemble.
+/// A step's error, of the same class, saying which step of which ensemble,
+/// prefixed as Triton prefixes it (`in ensemble 'NAME', ...`, which
+/// clients match on).
 fn in_step(name: &str, i: usize, step: &Step, e: Error) -> Error {
-    let wrap = |m: String| format!("ensemble '{name}' step {i} (model '{}'): {m}", step.model);
+    let wrap = |m: String| format!("in ensemble '{name}', {m} (step {i}, model '{}')", step.model);
     match e {
         Error::InvalidArgument(m) => Error::InvalidArgument(wrap(m)),
         Error::NotFound(m) => Error::Unavailable(wrap(m)),

@@ -23,6 +23,8 @@ use crate::metrics::{FailureReason, Metrics, ModelMetrics, PluginMetrics};
 use crate::plugin::{CallContext, ModelInfo, ModelRunner, Plugin, PluginError, PluginHost, RawRequest, RawResponse};
 use crate::repository::{self, ModelDir};
 use crate::scheduler::policy::{Policy, RequestOptions};
+use crate::scheduler::sequence::policy::SequencePolicy;
+use crate::scheduler::sequence::{CorrelationId, SequenceRequest, SequenceScheduler};
 use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
@@ -129,9 +131,53 @@ pub struct Model {
 enum Engine {
     /// One backend per `instance_group` instance behind the model's
     /// scheduler, whose workers run them; warm-up runs each.
-    Backends { instances: Vec<Arc<dyn Backend>>, scheduler: Scheduler },
+    Backends { instances: Vec<Arc<dyn Backend>>, batcher: Batcher },
     /// An ensemble's steps, run through other models.
     Ensemble(Ensemble),
+}
+
+/// The scheduler in front of a model's instances.
+enum Batcher {
+    /// Requests queue by priority and batch dynamically (or run alone).
+    Dynamic(Scheduler),
+    /// Requests belong to sequences (`sequence_batching`).
+    Sequence(SequenceScheduler),
+}
+
+/// How a model's requests are scheduled, as its configuration says.
+pub enum Scheduling {
+    /// `dynamic_batching`, or none.
+    Dynamic(Policy),
+    /// `sequence_batching`.
+    Sequence(SequencePolicy),
+}
+
+impl Scheduling {
+    /// The scheduling of `config`; initial state files are read from
+    /// `model_dir`.
+    ///
+    /// # Errors
+    /// As [`Policy::from_config`] and [`SequencePolicy::from_config`].
+    pub fn from_config(config: &ModelConfig, model_dir: &Path) -> Result<Scheduling, String> {
+        match SequencePolicy::from_config(config, model_dir)? {
+            Some(sequence) => Ok(Scheduling::Sequence(sequence)),
+            None => Policy::from_config(config).map(Scheduling::Dynamic),
+        }
+    }
+}
+
+impl Scheduling {
+    /// The tensors the backend exchanges: the requests' (`signature`) and,
+    /// for a sequence model, the host's controls and state.
+    fn backend_signature(&self, signature: &Signature) -> Signature {
+        let mut full = signature.clone();
+        if let Scheduling::Sequence(policy) = self {
+            let (inputs, outputs) = policy.host_specs();
+            full.inputs.extend(inputs);
+            full.outputs.extend(outputs);
+        }
+        full
+    }
 }
 
 impl std::fmt::Debug for Model {
@@ -172,12 +218,14 @@ impl Model {
             return Ok(model);
         }
         let cache = response_cache(config, rt)?;
-        let policy = Policy::from_config(config)?;
+        let scheduling = Scheduling::from_config(config, &dir.path)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
-        let instances = instances::load(&dir.name, &version_dir, config, &signature, rt)?;
+        let instances =
+            instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
         let backend = &instances[0];
-        check::complete_and_check(&mut signature, backend.inputs(), backend.outputs())?;
+        let (inputs, outputs) = check::client_tensors(&scheduling, backend.inputs(), backend.outputs())?;
+        check::complete_and_check(&mut signature, &inputs, &outputs)?;
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
             None => None,
             Some("") => {
@@ -202,15 +250,16 @@ impl Model {
         };
         let labels = outputs::load_labels(config, &dir.path)?;
         let metrics = rt.metrics.for_model(&dir.name, version);
-        let mut model = Model::new(&dir.name, version, config, signature, instances, policy, metrics, plugin);
+        let mut model = Model::new(&dir.name, version, config, signature, instances, scheduling, metrics, plugin);
         model.labels = labels;
         model.cache = cache;
         Ok(model)
     }
 
     /// A model version over backend `instances` that are already built,
-    /// `signature` complete: starts its scheduler with `policy`. This is
-    /// the seam where tests put fake backends behind a real scheduler.
+    /// `signature` complete: starts its scheduler as `scheduling` says.
+    /// This is the seam where tests put fake backends behind a real
+    /// scheduler.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: &str,
@@ -218,17 +267,24 @@ impl Model {
         config: &ModelConfig,
         signature: Signature,
         instances: Vec<Arc<dyn Backend>>,
-        policy: Policy,
+        scheduling: Scheduling,
         metrics: ModelMetrics,
         plugin: Option<Arc<Plugin>>,
     ) -> Model {
-        let scheduler = Scheduler::start(name, policy, instances.clone(), metrics.clone());
+        let batcher = match scheduling {
+            Scheduling::Dynamic(policy) => {
+                Batcher::Dynamic(Scheduler::start(name, policy, instances.clone(), metrics.clone()))
+            }
+            Scheduling::Sequence(policy) => {
+                Batcher::Sequence(SequenceScheduler::start(name, policy, instances.clone(), metrics.clone()))
+            }
+        };
         Model {
             name: name.to_owned(),
             version,
             config: config.clone(),
             signature,
-            engine: Engine::Backends { instances, scheduler },
+            engine: Engine::Backends { instances, batcher },
             metrics,
             plugin,
             labels: HashMap::new(),
@@ -311,6 +367,24 @@ impl Model {
         Ok(runs)
     }
 
+    /// Whether requests may carry `sequence_id`: the model has
+    /// `sequence_batching`, or it is an ensemble (whose steps may).
+    pub fn takes_sequences(&self) -> bool {
+        match &self.engine {
+            Engine::Backends { batcher, .. } => matches!(batcher, Batcher::Sequence(_)),
+            Engine::Ensemble(_) => true,
+        }
+    }
+
+    /// Ends sequence `id` of a sequence model if nothing of it is queued or
+    /// running (its gRPC stream closed before its END); does nothing for
+    /// other models.
+    pub fn release_sequence(&self, id: &CorrelationId) {
+        if let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine {
+            scheduler.release(id, crate::metrics::SequenceEnd::Cancelled);
+        }
+    }
+
     /// The platform name for model metadata (`onnxruntime_onnx`, `ensemble`).
     pub fn platform(&self) -> &str {
         match &self.engine {
@@ -384,8 +458,19 @@ impl Model {
             None
         };
         let (outputs, timing) = match &self.engine {
-            Engine::Backends { scheduler, .. } => {
-                let (outputs, timing) = scheduler.submit(reshape::inputs(&self.signature, inputs), options).await?;
+            Engine::Backends { batcher, .. } => {
+                let inputs = reshape::inputs(&self.signature, inputs);
+                let (outputs, timing) = match batcher {
+                    Batcher::Dynamic(scheduler) => scheduler.submit(inputs, options).await?,
+                    Batcher::Sequence(scheduler) => {
+                        let sequence = options.sequence.unwrap_or(SequenceRequest {
+                            id: CorrelationId::Uint(0),
+                            start: false,
+                            end: false,
+                        });
+                        scheduler.submit(inputs, sequence).await?
+                    }
+                };
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }
             Engine::Ensemble(ensemble) => {
@@ -397,7 +482,11 @@ impl Model {
                 // An ensemble's own reshape applies between its clients and
                 // its steps, as a backend's does.
                 let inputs = reshape::inputs(&self.signature, inputs);
-                let outputs = ensemble.run(&self.name, &self.signature, inputs, &wanted, runner).await?;
+                let outputs = ensemble.run(&self.name, &self.signature, inputs, &wanted, options, runner).await?;
+                // Triton counts an ensemble's request as one execution of
+                // its batch size (its steps' times are theirs).
+                let batch_size = rows.and_then(|r| usize::try_from(r).ok()).unwrap_or(1);
+                self.metrics.executed(batch_size, crate::metrics::Compute::default(), true);
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, Timing::default())
             }
         };
@@ -440,12 +529,15 @@ impl Model {
         req: RawRequest,
         runner: Arc<dyn ModelRunner>,
     ) -> Result<(RawResponse, PredictTiming), Error> {
-        self.predict_within(req, CallContext { runner, chain: Vec::new() }).await
+        self.predict_within(req, CallContext { runner, chain: Vec::new(), sequence: None }).await
     }
 
     /// [`Model::predict`] for a plugin's composed call: `context.chain`
     /// names the models whose plugin already runs for the request,
-    /// outermost first.
+    /// outermost first. For a sequence model the request is one sequence
+    /// of its own: the preprocessed tensors start it, the plugin's
+    /// composed calls on this model continue it (the host carries the
+    /// state), and it ends with the request.
     ///
     /// # Errors
     /// As [`Model::predict`].
@@ -463,19 +555,32 @@ impl Model {
             ))
         })?;
         let req = Arc::new(req);
+        let sequence = self.open_predict_sequence();
+        context.sequence = sequence.as_ref().map(|s| (self.name.clone(), s.id.clone()));
+        let options = RequestOptions {
+            sequence: sequence.as_ref().map(|s| SequenceRequest { id: s.id.clone(), start: true, end: false }),
+            ..RequestOptions::default()
+        };
         let mut timing = PredictTiming::default();
         let started = Instant::now();
         let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error)?;
         timing.preprocess = started.elapsed();
-        let (outputs, inference) = self
-            .infer(inputs, &[], RequestOptions::default(), &context.runner)
-            .await
-            .map_err(blame_the_plugin_for_its_tensors)?;
+        let (outputs, inference) =
+            self.infer(inputs, &[], options, &context.runner).await.map_err(blame_the_plugin_for_its_tensors)?;
         timing.inference = inference;
         let started = Instant::now();
         let response = plugin.postprocess(req, outputs, context).await.map_err(plugin_error)?;
         timing.postprocess = started.elapsed();
         Ok((response, timing))
+    }
+
+    /// A new sequence for one `/predict` request, if this is a sequence
+    /// model; it ends when the returned guard drops.
+    fn open_predict_sequence(&self) -> Option<PredictSequence<'_>> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine else { return None };
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(PredictSequence { scheduler, id: CorrelationId::Text(format!("plinth-predict-{n}")) })
     }
 
     /// The configuration as served: `config.pbtxt` with the platform,
@@ -520,6 +625,19 @@ impl Model {
     /// The model's inference statistics (Triton's statistics extension).
     pub fn statistics(&self) -> crate::metrics::ModelStatistics {
         self.metrics.statistics()
+    }
+}
+
+/// The sequence of one `/predict` request on a sequence model; ends it
+/// when dropped.
+struct PredictSequence<'a> {
+    scheduler: &'a SequenceScheduler,
+    id: CorrelationId,
+}
+
+impl Drop for PredictSequence<'_> {
+    fn drop(&mut self) {
+        self.scheduler.release(&self.id, crate::metrics::SequenceEnd::End);
     }
 }
 

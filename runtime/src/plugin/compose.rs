@@ -20,6 +20,8 @@ use super::convert::{tensor_from_wit, tensor_to_wit};
 use super::{RawRequest, RawResponse};
 use crate::config::Signature;
 use crate::error::Error;
+use crate::scheduler::policy::RequestOptions;
+use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
 use crate::tensor::Tensor;
 
 /// The most plugins one request may pass through (`predict` nesting).
@@ -32,7 +34,9 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub trait ModelRunner: Send + Sync {
     /// Runs `inputs` through version `version` (the server's choice when
     /// `None`) of `model`, resolved as a client's request, and returns the
-    /// `outputs` asked for (all when empty), in that order.
+    /// `outputs` asked for (all when empty), in that order. `options` are
+    /// the scheduling options (an ensemble passes its request's sequence on
+    /// to its steps; a plugin's composed call has none).
     ///
     /// # Errors
     /// The callee's [`Error`]: unknown or unavailable model, inputs that do
@@ -43,6 +47,7 @@ pub trait ModelRunner: Send + Sync {
         version: Option<u64>,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
+        options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>>;
 
     /// The signature of version `version` of `model`, resolved as
@@ -75,6 +80,11 @@ pub struct CallContext {
     /// The models whose plugin is running for this request, outermost
     /// first; this call's model last.
     pub chain: Vec<String>,
+    /// When this call's model is a sequence model: its name and the
+    /// sequence the host opened for this request, which the plugin's
+    /// composed `infer` calls on the same model continue (so the host
+    /// carries the model's state between them).
+    pub sequence: Option<(String, CorrelationId)>,
 }
 
 /// The composition state of one plugin instance during a call.
@@ -97,10 +107,16 @@ impl Composition {
         inputs: Vec<wit::Tensor>,
         outputs: Vec<String>,
     ) -> Result<Vec<wit::Tensor>, wit::Error> {
-        let runner = self.context()?.runner.clone();
+        let context = self.context()?;
+        let runner = context.runner.clone();
+        let sequence = match &context.sequence {
+            Some((own, id)) if own == model => Some(SequenceRequest { id: id.clone(), start: false, end: false }),
+            _ => None,
+        };
+        let options = RequestOptions { sequence, ..RequestOptions::default() };
         let inputs = inputs.into_iter().map(tensor_from_wit).collect();
         let outputs = self
-            .block_on(runner.infer(model.to_owned(), version, inputs, outputs))
+            .block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
             .map_err(|e| callee_error(model, e))?;
         Ok(outputs.into_iter().map(tensor_to_wit).collect())
     }

@@ -37,6 +37,7 @@ impl ModelRunner for Runner {
         _: Option<u64>,
         inputs: Vec<Tensor>,
         _: Vec<String>,
+        _: crate::scheduler::policy::RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         self.calls.lock().unwrap().push((model, Vec::new()));
         Box::pin(async move { Ok(inputs) })
@@ -86,7 +87,11 @@ fn load(limits: PluginLimits) -> Fixture {
 
 impl Fixture {
     fn context(&self, chain: &[&str]) -> CallContext {
-        CallContext { runner: self.runner.clone(), chain: chain.iter().map(|m| m.to_string()).collect() }
+        CallContext {
+            runner: self.runner.clone(),
+            chain: chain.iter().map(|m| m.to_string()).collect(),
+            sequence: None,
+        }
     }
 
     async fn preprocess(&self, body: &str) -> Result<Vec<Tensor>, PluginError> {

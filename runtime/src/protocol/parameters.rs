@@ -34,25 +34,27 @@ pub enum Front {
 /// Triton.
 fn known(level: Level, front: Front) -> &'static [&'static str] {
     match (level, front) {
-        (Level::Request, Front::Http) => {
-            &["priority", "timeout", "binary_data_output", "triton_enable_empty_final_response"]
-        }
-        (Level::Request, Front::Grpc) => &["priority", "timeout", "triton_enable_empty_final_response"],
+        (Level::Request, Front::Http) => &[
+            "priority",
+            "timeout",
+            "binary_data_output",
+            "triton_enable_empty_final_response",
+            "sequence_id",
+            "sequence_start",
+            "sequence_end",
+        ],
+        (Level::Request, Front::Grpc) => &[
+            "priority",
+            "timeout",
+            "triton_enable_empty_final_response",
+            "sequence_id",
+            "sequence_start",
+            "sequence_end",
+        ],
         (Level::Input, Front::Http) => &["binary_data_size", REGION, OFFSET, BYTE_SIZE],
         (Level::Input, Front::Grpc) => &[REGION, OFFSET, BYTE_SIZE],
         (Level::Output, Front::Http) => &["binary_data", "classification", REGION, OFFSET, BYTE_SIZE],
         (Level::Output, Front::Grpc) => &["classification", REGION, OFFSET, BYTE_SIZE],
-    }
-}
-
-/// Parameters of Triton's that need a feature Plinth does not have yet, and
-/// why.
-fn not_yet(key: &str) -> Option<&'static str> {
-    match key {
-        "sequence_id" | "sequence_start" | "sequence_end" => {
-            Some("it is for models with sequence_batching, which Plinth does not serve yet")
-        }
-        _ => None,
     }
 }
 
@@ -69,11 +71,7 @@ pub fn check<'a>(level: Level, front: Front, what: &str, keys: impl IntoIterator
             continue;
         }
         let at = if what.is_empty() { "request".to_owned() } else { what.to_owned() };
-        let message = match not_yet(key) {
-            Some(why) => format!("{at} parameter '{key}' is not supported: {why}"),
-            None => format!("unknown {at} parameter '{key}'; Plinth reads {known:?} here"),
-        };
-        return Err(Error::InvalidArgument(message));
+        return Err(Error::InvalidArgument(format!("unknown {at} parameter '{key}'; Plinth reads {known:?} here")));
     }
     Ok(())
 }
@@ -87,10 +85,10 @@ mod tests {
         assert!(check(Level::Request, Front::Http, "", ["priority", "binary_data_output"]).is_ok());
         assert!(check(Level::Output, Front::Grpc, "output 'y'", ["classification", "shared_memory_region"]).is_ok());
         assert!(check(Level::Request, Front::Grpc, "", ["triton_enable_empty_final_response"]).is_ok());
+        assert!(check(Level::Request, Front::Http, "", ["sequence_id", "sequence_start", "sequence_end"]).is_ok());
         let cases = [
             (Level::Request, Front::Http, "", "custom", "unknown request parameter 'custom'; Plinth reads"),
             (Level::Request, Front::Grpc, "", "binary_data_output", "unknown request parameter 'binary_data_output'"),
-            (Level::Request, Front::Grpc, "", "sequence_id", "request parameter 'sequence_id' is not supported"),
             (
                 Level::Request,
                 Front::Http,

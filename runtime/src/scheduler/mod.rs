@@ -12,6 +12,7 @@ mod batch;
 mod ordering;
 pub mod policy;
 mod queue;
+pub mod sequence;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -494,7 +495,9 @@ mod tests {
         f.wait_for_queued(1);
         let scheduler = f.scheduler.clone();
         let high = tokio::spawn(async move {
-            scheduler.submit(Doubler::input(&[3.0; 6]), RequestOptions { priority: Some(1), timeout_us: None }).await
+            scheduler
+                .submit(Doubler::input(&[3.0; 6]), RequestOptions { priority: Some(1), ..RequestOptions::default() })
+                .await
         });
         f.wait_for_queued(2);
         f.gate.open();

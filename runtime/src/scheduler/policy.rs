@@ -101,7 +101,7 @@ impl Policy {
         let db = match &config.scheduling_choice {
             Some(SchedulingChoice::DynamicBatching(db)) => db,
             Some(SchedulingChoice::SequenceBatching(_)) => {
-                return Err("sequence_batching is not supported; remove it to serve the model without it".into());
+                return Err("sequence_batching is scheduled by the sequence batcher, not this policy".into());
             }
             Some(SchedulingChoice::EnsembleScheduling(_)) => {
                 return Err("ensemble_scheduling is not supported; compose models in a plugin instead".into());
@@ -195,13 +195,16 @@ fn levels(db: &ModelDynamicBatching) -> Result<(Vec<QueuePolicy>, usize), String
 
 /// The scheduling options of one request, from the KServe v2 request
 /// `parameters` (Triton's names).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestOptions {
     /// `priority`: 1 is the highest level; 0 or absent = the default level.
     pub priority: Option<u64>,
     /// `timeout`: queue timeout in microseconds, if the model allows
     /// overriding it.
     pub timeout_us: Option<u64>,
+    /// `sequence_id`, `sequence_start` and `sequence_end`, for a model with
+    /// `sequence_batching` (or an ensemble whose steps have it).
+    pub sequence: Option<super::sequence::SequenceRequest>,
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! `proto/grpc_service.proto`) on tonic. Like the HTTP routes, it only
 //! translates between protobuf messages and the [`Service`] core.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio_stream::wrappers::ReceiverStream;
@@ -9,7 +10,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::restrictions::{Api, Restrictions};
-use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
+use super::service::{self, EXTENSIONS, InferCall, ParameterValue, SERVER_NAME, Service};
 use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces};
 use crate::config::proto as pb;
 use crate::config::proto::grpc_inference_service_server::GrpcInferenceService;
@@ -20,6 +21,7 @@ use crate::metrics::{ModelStatistics, Total};
 use crate::model::OutputRequest;
 use crate::protocol::shared_memory::{self, RegionRef, Regions};
 use crate::scheduler::policy::RequestOptions;
+use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
 
 /// The gRPC face of the server.
@@ -382,20 +384,30 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
             let options = RequestOptions {
                 priority: uint_parameter(&parameters, "priority")?,
                 timeout_us: uint_parameter(&parameters, "timeout")?,
+                sequence: sequence_request(&parameters)?,
             };
             let requested = outputs.iter().map(requested_output).collect::<Result<_, _>>()?;
             let places = output_places(service, &outputs)?;
             let tensors = input_tensors(&m.name, inputs, raw, &service.shared_memory)?;
-            Ok((InferCall { tensors, requested, options }, places))
+            let sequence = options.sequence.clone();
+            Ok((InferCall { tensors, requested, options }, (places, sequence)))
         })
         .await?;
-    let places = inferred.request;
+    let (places, sequence) = inferred.request;
     let mut response = pb::ModelInferResponse {
         model_name: m.name.clone(),
         model_version: m.version.to_string(),
         id: r.id,
         ..Default::default()
     };
+    // A sequence's flags come back on its answers, as Triton sends them
+    // (a stream's reader tells a sequence's last answer by them).
+    if let Some(sequence) = sequence {
+        for (key, flag) in [("sequence_start", sequence.start), ("sequence_end", sequence.end)] {
+            let value = pb::InferParameter { parameter_choice: Some(ParameterChoice::BoolParam(flag)) };
+            response.parameters.insert(key.to_owned(), value);
+        }
+    }
     for t in inferred.outputs {
         // An output in shared memory keeps its (empty) raw_output_contents
         // entry: clients find each output's data by its position.
@@ -411,35 +423,93 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
     Ok(response)
 }
 
+/// The sequence parameters of a gRPC request.
+///
+/// # Errors
+/// As [`service::sequence_request`].
+fn sequence_request(
+    parameters: &std::collections::HashMap<String, pb::InferParameter>,
+) -> Result<Option<SequenceRequest>, Error> {
+    service::sequence_request(|key| {
+        Some(match parameters.get(key)?.parameter_choice.as_ref()? {
+            ParameterChoice::BoolParam(b) => ParameterValue::Bool(*b),
+            ParameterChoice::Int64Param(n) => ParameterValue::Int(*n),
+            ParameterChoice::Uint64Param(n) => ParameterValue::Uint(*n),
+            ParameterChoice::StringParam(s) => ParameterValue::Text(s),
+            other => ParameterValue::Other(format!("{other:?}")),
+        })
+    })
+}
+
+/// A sequence a stream carries: model name, version field, correlation id.
+type StreamSequence = (String, String, CorrelationId);
+
 /// Serves one `ModelStreamInfer` call: reads requests until the client ends
 /// its side, runs each as its own task, and sends each answer as it is
-/// ready. The tasks are aborted (their queued requests taken out) when the
-/// client cancels or stops reading.
+/// ready. Requests of one sequence run one after another, in the order
+/// they came. The tasks are aborted (their queued requests taken out, which
+/// cancels their sequences) when the client cancels or stops reading; when
+/// the stream ends, the sequences it left open are ended.
 async fn serve_stream(
     service: Arc<Service>,
     mut requests: Streaming<pb::ModelInferRequest>,
     answers: tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
 ) {
     let mut running = tokio::task::JoinSet::new();
+    // Each sequence's last request so far: done when its answer is, and
+    // whether it left the sequence open.
+    let mut sequences: HashMap<StreamSequence, (tokio::sync::oneshot::Receiver<()>, bool)> = HashMap::new();
     let mut reading = true;
     while reading || !running.is_empty() {
         tokio::select! {
             next = requests.message(), if reading => match next {
                 Ok(Some(request)) => {
                     let service = service.clone();
-                    running.spawn(async move { stream_answer(&service, request).await });
+                    let previous = match sequence_request(&request.parameters) {
+                        Ok(Some(sequence)) => {
+                            let key = (request.model_name.clone(), request.model_version.clone(), sequence.id);
+                            let (done, turn) = tokio::sync::oneshot::channel();
+                            let previous = sequences.insert(key, (turn, !sequence.end)).map(|(turn, _)| turn);
+                            Some((previous, done))
+                        }
+                        _ => None,
+                    };
+                    running.spawn(async move {
+                        let _done = match previous {
+                            Some((previous, done)) => {
+                                if let Some(turn) = previous {
+                                    let _ = turn.await;
+                                }
+                                Some(done)
+                            }
+                            None => None,
+                        };
+                        stream_answer(&service, request).await
+                    });
                 }
                 Ok(None) => reading = false,
                 // The client cancelled the call or the connection broke.
-                Err(_) => return,
+                Err(_) => break,
             },
             Some(done) = running.join_next() => {
                 let answer = done.unwrap_or_else(|e| stream_error(String::new(), &format!("the request failed: {e}")));
                 if answers.send(Ok(answer)).await.is_err() {
-                    return;
+                    break;
                 }
             },
-            () = answers.closed() => return,
+            () = answers.closed() => break,
+        }
+    }
+    // Requests still running are cancelled, and with them their sequences.
+    drop(running);
+    for ((model, version_field, id), (_, open)) in sequences {
+        if !open {
+            continue;
+        }
+        // Never loads: a model that is not resident holds no sequences.
+        if let Ok(m) = version(&version_field).and_then(|v| service.registry().resolve(&model, v)) {
+            tracing::info!(model = %model, sequence = %id, "the stream closed before the sequence's end: it ends");
+            m.release_sequence(&id);
         }
     }
 }

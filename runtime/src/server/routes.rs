@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
+use super::service::{self, EXTENSIONS, InferCall, ParameterValue, SERVER_NAME, Service};
 use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces, RegionStatus};
 use crate::error::Error;
 use crate::lifecycle::{FILE_PREFIX, LoadRequest};
@@ -196,10 +196,24 @@ fn output_places(service: &Service, request: &InferRequest) -> Result<OutputPlac
 }
 
 /// The scheduling options in the request `parameters`: `priority` (a
-/// priority level, 1 = highest) and `timeout` (queue timeout in
-/// microseconds), as Triton reads them.
+/// priority level, 1 = highest), `timeout` (queue timeout in
+/// microseconds) and the sequence parameters, as Triton reads them.
 fn request_options(request: &InferRequest) -> Result<RequestOptions, Error> {
-    Ok(RequestOptions { priority: request.uint_parameter("priority")?, timeout_us: request.uint_parameter("timeout")? })
+    use serde_json::Value;
+    let sequence = service::sequence_request(|key| {
+        Some(match request.parameters.get(key)? {
+            Value::Null => return None,
+            Value::Bool(b) => ParameterValue::Bool(*b),
+            Value::String(s) => ParameterValue::Text(s),
+            Value::Number(n) if n.is_u64() => ParameterValue::Uint(n.as_u64().unwrap_or(0)),
+            other => ParameterValue::Other(other.to_string()),
+        })
+    })?;
+    Ok(RequestOptions {
+        priority: request.uint_parameter("priority")?,
+        timeout_us: request.uint_parameter("timeout")?,
+        sequence,
+    })
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/predict`: the raw body goes through

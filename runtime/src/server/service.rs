@@ -22,6 +22,7 @@ use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::registry::{IndexEntry, Registry, RepositoryState};
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
+use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
 use crate::tensor::{Tensor, TensorSpec};
 
 /// The protocol extensions Plinth serves, as server metadata lists them
@@ -75,8 +76,63 @@ pub struct InferCall {
     pub tensors: Vec<Tensor>,
     /// The outputs asked for, in order; empty for all.
     pub requested: Vec<OutputRequest>,
-    /// `priority` and `timeout`.
+    /// `priority`, `timeout` and the sequence parameters.
     pub options: RequestOptions,
+}
+
+/// A request parameter's value, as either front end carries it.
+#[derive(Debug)]
+pub enum ParameterValue<'a> {
+    /// An unsigned integer (JSON number, gRPC `uint64_param`).
+    Uint(u64),
+    /// A signed integer (gRPC `int64_param`).
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    Text(&'a str),
+    /// Anything else, as the front end prints it.
+    Other(String),
+}
+
+/// The sequence parameters of a request (`sequence_id`, `sequence_start`,
+/// `sequence_end`; Triton's `docs/protocol/extension_sequence.md`), read
+/// through `get`; `None` when it has none of them. A missing
+/// `sequence_id` reads as 0, which the sequence batcher refuses.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a `sequence_id` that is neither a
+/// non-negative integer nor a string, or a flag that is not a boolean.
+pub fn sequence_request<'a>(
+    get: impl Fn(&str) -> Option<ParameterValue<'a>>,
+) -> Result<Option<SequenceRequest>, Error> {
+    let id = match get("sequence_id") {
+        None => None,
+        Some(ParameterValue::Uint(n)) => Some(CorrelationId::Uint(n)),
+        Some(ParameterValue::Int(n)) if n >= 0 => Some(CorrelationId::Uint(n as u64)),
+        Some(ParameterValue::Text(s)) => Some(CorrelationId::Text(s.to_owned())),
+        Some(other) => {
+            return Err(Error::InvalidArgument(format!(
+                "request parameter 'sequence_id' must be a non-negative integer or a string, got {other:?}"
+            )));
+        }
+    };
+    let flag = |key: &str| match get(key) {
+        None => Ok(None),
+        Some(ParameterValue::Bool(b)) => Ok(Some(b)),
+        Some(other) => {
+            Err(Error::InvalidArgument(format!("request parameter '{key}' must be a boolean, got {other:?}")))
+        }
+    };
+    let (start, end) = (flag("sequence_start")?, flag("sequence_end")?);
+    if id.is_none() && start.is_none() && end.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(SequenceRequest {
+        id: id.unwrap_or(CorrelationId::Uint(0)),
+        start: start.unwrap_or(false),
+        end: end.unwrap_or(false),
+    }))
 }
 
 /// What an inference returned.
@@ -279,6 +335,12 @@ impl Service {
     ) -> Result<Inferred<T>, Error> {
         tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
         let (call, request) = decode(model).map_err(|e| model.refused(e))?;
+        if call.options.sequence.is_some() && !model.takes_sequences() {
+            return Err(model.refused(Error::InvalidArgument(format!(
+                "model '{}' has no sequence_batching: the request parameters 'sequence_id', 'sequence_start' and 'sequence_end' are for sequence models",
+                model.name
+            ))));
+        }
         let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
         let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options, &runner).await?;
         Ok(Inferred { outputs, timing, request })

@@ -1,0 +1,636 @@
+//! The sequence batcher of a model with `sequence_batching`: every request
+//! names its sequence (correlation id); a sequence is bound to one batch
+//! slot of one instance from its START to its END, its requests run one at
+//! a time and in order, and the host fills in the control inputs and
+//! carries the implicit state between them (Triton's
+//! `docs/user_guide/architecture.md` §stateful models,
+//! `docs/protocol/extension_sequence.md`).
+//!
+//! One worker thread per instance forms executions from the sequences bound
+//! to it ([`Strategy`]); new sequences wait in a backlog while every slot
+//! is taken. A sequence ends with its END request, after
+//! `max_sequence_idle_microseconds` without a request, or when a request of
+//! it is cancelled (its client went away): its slot and state are freed
+//! and the next backlogged sequence takes the slot.
+
+pub mod policy;
+mod rows;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use self::policy::{SequencePolicy, Strategy};
+use self::rows::RowInputs;
+use super::Timing;
+use crate::backend::{Backend, BackendError};
+use crate::error::Error;
+use crate::metrics::{Compute, FailureReason, ModelMetrics, SequenceEnd};
+use crate::tensor::Tensor;
+
+/// A sequence's correlation id, the v2 `sequence_id` parameter: an unsigned
+/// integer or a string (Triton's `docs/protocol/extension_sequence.md`).
+/// 0 and the empty string name no sequence.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CorrelationId {
+    /// An integer id.
+    Uint(u64),
+    /// A string id.
+    Text(String),
+}
+
+impl CorrelationId {
+    /// Whether the id names no sequence (0 or "").
+    pub fn is_none(&self) -> bool {
+        match self {
+            CorrelationId::Uint(n) => *n == 0,
+            CorrelationId::Text(s) => s.is_empty(),
+        }
+    }
+}
+
+impl fmt::Display for CorrelationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CorrelationId::Uint(n) => write!(f, "{n}"),
+            CorrelationId::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The sequence parameters of one request: `sequence_id`, `sequence_start`
+/// and `sequence_end`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceRequest {
+    /// `sequence_id`.
+    pub id: CorrelationId,
+    /// `sequence_start`: the sequence's first request.
+    pub start: bool,
+    /// `sequence_end`: its last request.
+    pub end: bool,
+}
+
+/// The answer a worker sends back to a queued request.
+type Reply = Result<(Vec<Tensor>, Timing), Error>;
+
+/// One row of an execution: a sequence's request, or padding.
+struct Row {
+    /// The sequence and its serial; `None` for padding.
+    sequence: Option<(CorrelationId, u64)>,
+    /// The request, its inputs moved into `inputs`; `None` for padding.
+    job: Option<Job>,
+    inputs: RowInputs,
+}
+
+/// A queued request of a sequence.
+struct Job {
+    id: u64,
+    inputs: Vec<Tensor>,
+    start: bool,
+    end: bool,
+    enqueued: Instant,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// One open sequence.
+struct Sequence {
+    /// Tells this sequence from a later one with the same correlation id.
+    serial: u64,
+    /// Its (instance, slot), or `None` while it waits in the backlog.
+    slot: Option<(usize, usize)>,
+    /// Its requests, in arrival order, not yet running.
+    queue: VecDeque<Job>,
+    /// Its implicit state after its last request; `None` before its first
+    /// (the initial state is used). A failed request leaves it as it was.
+    states: Option<Vec<Tensor>>,
+    /// Whether its last request so far did not end it.
+    open: bool,
+    /// Whether a request of it is running.
+    running: bool,
+    /// When its last request arrived or finished.
+    last_seen: Instant,
+}
+
+/// Correlation ids whose sequences ended recently other than by their END
+/// request, so that a late request is told why; the oldest are forgotten.
+const REMEMBERED: usize = 1024;
+
+struct State {
+    sequences: HashMap<CorrelationId, Sequence>,
+    /// `slots[instance][slot]`: the sequence holding the slot.
+    slots: Vec<Vec<Option<CorrelationId>>>,
+    /// Sequences waiting for a slot, oldest first.
+    backlog: VecDeque<CorrelationId>,
+    /// Sequences ended by idleness or cancellation, newest last.
+    released: VecDeque<(CorrelationId, SequenceEnd)>,
+    next_serial: u64,
+    next_job: u64,
+    closed: bool,
+}
+
+struct Shared {
+    model: String,
+    policy: SequencePolicy,
+    /// The initial state tensors, in the policy's order.
+    initial: Vec<Tensor>,
+    state: Mutex<State>,
+    /// Wakes the workers: a request arrived, a slot changed hands, or the
+    /// scheduler closed.
+    wake: Condvar,
+    metrics: ModelMetrics,
+}
+
+/// Schedules the requests of one sequence model version onto its
+/// instances. Dropping it stops the workers (after the execution they are
+/// running).
+pub struct SequenceScheduler {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl SequenceScheduler {
+    /// Starts one worker thread per instance.
+    pub fn start(
+        model: &str,
+        policy: SequencePolicy,
+        instances: Vec<Arc<dyn Backend>>,
+        metrics: ModelMetrics,
+    ) -> SequenceScheduler {
+        let slots = policy.slots_per_instance(instances.len());
+        let shared = Arc::new(Shared {
+            model: model.to_owned(),
+            state: Mutex::new(State {
+                sequences: HashMap::new(),
+                slots: vec![vec![None; slots]; instances.len()],
+                backlog: VecDeque::new(),
+                released: VecDeque::new(),
+                next_serial: 0,
+                next_job: 0,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            initial: policy.states.iter().map(|s| s.initial.clone()).collect(),
+            policy,
+            metrics,
+        });
+        let workers = instances
+            .into_iter()
+            .enumerate()
+            .map(|(i, instance)| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("plinth-{model}-seq-{i}"))
+                    .spawn(move || shared.work(i, &*instance))
+                    .expect("the OS can start a thread")
+            })
+            .collect();
+        SequenceScheduler { shared, workers }
+    }
+
+    /// Queues `inputs` (already checked against the signature; the control
+    /// and state inputs are the host's) as the next request of `sequence`,
+    /// and waits for its outputs (state outputs removed). If the caller
+    /// goes away first, the whole sequence is cancelled: its slot and state
+    /// are freed and its other queued requests fail.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], with Triton's texts, for correlation id 0
+    /// or "", a batch of more than one row, or a request without START for
+    /// a sequence that is not open (never started, ended, or released
+    /// after `max_sequence_idle_microseconds`, which the message says);
+    /// [`Error::InvalidArgument`] or [`Error::Internal`] when the backend
+    /// refuses or fails the execution.
+    pub async fn submit(
+        &self,
+        mut inputs: Vec<Tensor>,
+        sequence: SequenceRequest,
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
+        let shared = &*self.shared;
+        shared.check_request(&inputs, &sequence)?;
+        inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        let (reply, answer) = oneshot::channel();
+        let (job, serial) = shared.enqueue(&sequence, inputs, reply)?;
+        let mut waiting = Waiting { shared, id: Some(sequence.id), serial, job, since: Instant::now() };
+        let reply = answer.await;
+        waiting.id = None;
+        reply.unwrap_or_else(|_| Err(Error::Internal(format!("model '{}' stopped", shared.model))))
+    }
+
+    /// Ends sequence `id` for `reason` if it is open and has no request
+    /// queued or running (a gRPC stream that carried it closed before its
+    /// END, or the `/predict` request it belongs to is done). Its slot and
+    /// state are freed.
+    pub fn release(&self, id: &CorrelationId, reason: SequenceEnd) {
+        let mut state = self.shared.lock();
+        let idle = state.sequences.get(id).is_some_and(|s| s.queue.is_empty() && !s.running);
+        if idle {
+            self.shared.end(&mut state, id, reason);
+        }
+    }
+}
+
+impl Drop for SequenceScheduler {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A request waiting for its answer. Dropped before the answer (the client
+/// went away), it cancels its sequence.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    id: Option<CorrelationId>,
+    serial: u64,
+    job: u64,
+    since: Instant,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let mut state = self.shared.lock();
+        let Some(sequence) = state.sequences.get_mut(&id).filter(|s| s.serial == self.serial) else { return };
+        if let Some(at) = sequence.queue.iter().position(|j| j.id == self.job) {
+            sequence.queue.remove(at);
+            self.shared.metrics.pending().dec();
+            self.shared.metrics.finished(Err(FailureReason::Canceled), self.since.elapsed());
+        }
+        tracing::info!(model = %self.shared.model, sequence = %id, "a request was cancelled: the sequence ends");
+        self.shared.end(&mut state, &id, SequenceEnd::Cancelled);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn check_request(&self, inputs: &[Tensor], sequence: &SequenceRequest) -> Result<(), Error> {
+        if sequence.id.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "inference request to model '{}' must specify a non-zero or non-empty correlation ID",
+                self.model
+            )));
+        }
+        let integer_control = self
+            .policy
+            .controls
+            .iter()
+            .find(|c| c.signal == policy::Signal::CorrelationId && c.datatype != crate::tensor::DataType::Bytes);
+        if let (Some(control), CorrelationId::Text(text)) = (integer_control, &sequence.id) {
+            return Err(Error::InvalidArgument(format!(
+                "model '{}' takes integer correlation IDs (its CONTROL_SEQUENCE_CORRID input '{}' is {}), got the string '{text}'",
+                self.model, control.name, control.datatype
+            )));
+        }
+        if self.policy.batch_dimension && inputs.iter().any(|t| t.shape.first() != Some(&1)) {
+            return Err(Error::InvalidArgument(format!(
+                "inference request to model '{}' must specify batch-size 1 due to requirements of sequence batcher",
+                self.model
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues a request on its sequence, opening the sequence on START;
+    /// returns the job's id and the sequence's serial.
+    fn enqueue(
+        &self,
+        sequence: &SequenceRequest,
+        inputs: Vec<Tensor>,
+        reply: oneshot::Sender<Reply>,
+    ) -> Result<(u64, u64), Error> {
+        let mut state = self.lock();
+        let open = state.sequences.get(&sequence.id).is_some_and(|s| s.open);
+        if !open && !sequence.start {
+            return Err(self.no_start(&state, &sequence.id));
+        }
+        if !state.sequences.contains_key(&sequence.id) {
+            self.open(&mut state, &sequence.id);
+        }
+        let id = state.next_job;
+        state.next_job += 1;
+        let job = Job { id, inputs, start: sequence.start, end: sequence.end, enqueued: Instant::now(), reply };
+        let s = state.sequences.get_mut(&sequence.id).expect("opened above");
+        s.queue.push_back(job);
+        s.open = !sequence.end;
+        s.last_seen = Instant::now();
+        let serial = s.serial;
+        self.metrics.pending().inc();
+        self.wake.notify_all();
+        Ok((id, serial))
+    }
+
+    fn no_start(&self, state: &State, id: &CorrelationId) -> Error {
+        let why = match state.released.iter().rev().find(|(r, _)| r == id) {
+            Some((_, SequenceEnd::Idle)) => format!(
+                "; the sequence was released after {} µs without a request (max_sequence_idle_microseconds)",
+                self.policy.max_idle.as_micros()
+            ),
+            Some((_, SequenceEnd::Cancelled)) => {
+                "; the sequence was cancelled (a request of it was cancelled or its stream closed)".to_owned()
+            }
+            _ => String::new(),
+        };
+        Error::InvalidArgument(format!(
+            "inference request for sequence {id} to model '{}' must specify the START flag on the first request of the sequence{why}",
+            self.model
+        ))
+    }
+
+    /// A new sequence, in a free slot (of the instance with the most free
+    /// slots) or else in the backlog.
+    fn open(&self, state: &mut State, id: &CorrelationId) {
+        let serial = state.next_serial;
+        state.next_serial += 1;
+        let slot = free_slot(&state.slots);
+        match slot {
+            Some((i, j)) => state.slots[i][j] = Some(id.clone()),
+            None => state.backlog.push_back(id.clone()),
+        }
+        let sequence = Sequence {
+            serial,
+            slot,
+            queue: VecDeque::new(),
+            states: None,
+            open: true,
+            running: false,
+            last_seen: Instant::now(),
+        };
+        state.sequences.insert(id.clone(), sequence);
+        self.metrics.sequences_active().inc();
+    }
+
+    /// Ends sequence `id`: frees its slot for the oldest backlogged
+    /// sequence and drops its state; its queued requests fail.
+    fn end(&self, state: &mut State, id: &CorrelationId, reason: SequenceEnd) {
+        let Some(sequence) = state.sequences.remove(id) else { return };
+        self.metrics.sequences_active().dec();
+        self.metrics.sequence_ended(reason);
+        if reason != SequenceEnd::End {
+            state.released.push_back((id.clone(), reason));
+            if state.released.len() > REMEMBERED {
+                state.released.pop_front();
+            }
+        }
+        for job in sequence.queue {
+            self.metrics.pending().dec();
+            let _ = job.reply.send(Err(Error::InvalidArgument(format!(
+                "sequence {id} of model '{}' ended ({}) before this request ran",
+                self.model,
+                reason.label()
+            ))));
+        }
+        match sequence.slot {
+            Some((i, j)) => {
+                state.slots[i][j] = None;
+                if let Some(next) = state.backlog.pop_front() {
+                    state.slots[i][j] = Some(next.clone());
+                    if let Some(s) = state.sequences.get_mut(&next) {
+                        s.slot = Some((i, j));
+                    }
+                }
+            }
+            None => state.backlog.retain(|b| b != id),
+        }
+        self.wake.notify_all();
+    }
+
+    /// Ends the sequences with nothing queued or running that have been
+    /// idle for `max_sequence_idle_microseconds`; returns when the next one
+    /// would be.
+    fn reap(&self, state: &mut State, now: Instant) -> Option<Instant> {
+        let max_idle = self.policy.max_idle;
+        let idle: Vec<CorrelationId> = state
+            .sequences
+            .iter()
+            .filter(|(_, s)| s.queue.is_empty() && !s.running && now.duration_since(s.last_seen) >= max_idle)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            tracing::info!(model = %self.model, sequence = %id, "sequence idle for max_sequence_idle_microseconds: released");
+            self.end(state, &id, SequenceEnd::Idle);
+        }
+        state.sequences.values().filter(|s| s.queue.is_empty() && !s.running).map(|s| s.last_seen + max_idle).min()
+    }
+
+    /// A worker: runs executions on instance `i` until the scheduler closes.
+    fn work(&self, i: usize, instance: &dyn Backend) {
+        while let Some(rows) = self.next_rows(i) {
+            self.execute(instance, rows);
+        }
+    }
+
+    /// Waits for the next execution on instance `i`; `None` once closed.
+    fn next_rows(&self, i: usize) -> Option<Vec<Row>> {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return None;
+            }
+            let now = Instant::now();
+            let next_idle = self.reap(&mut state, now);
+            let wait_until = match self.pick(&mut state, i, now) {
+                Ok(rows) => {
+                    self.metrics.pending().sub(rows.iter().filter(|r| r.job.is_some()).count() as i64);
+                    return Some(rows);
+                }
+                Err(until) => [until, next_idle].into_iter().flatten().min(),
+            };
+            state = match wait_until {
+                None => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+                Some(until) => {
+                    self.wake
+                        .wait_timeout(state, until.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// The rows of instance `i`'s next execution, or when to look again
+    /// (`None`: when woken).
+    fn pick(&self, state: &mut State, i: usize, now: Instant) -> Result<Vec<Row>, Option<Instant>> {
+        // (slot, enqueued) of each sequence of this instance with a request
+        // that can run.
+        let ready: Vec<(usize, Instant)> = state.slots[i]
+            .iter()
+            .enumerate()
+            .filter_map(|(j, id)| {
+                let s = state.sequences.get(id.as_ref()?)?;
+                let front = s.queue.front().filter(|_| !s.running)?;
+                Some((j, front.enqueued))
+            })
+            .collect();
+        let oldest = ready.iter().map(|(_, t)| *t).min().ok_or(None)?;
+        let slots = state.slots[i].len();
+        let max_rows = self.policy.max_batch_size;
+        let (delay, enough) = match &self.policy.strategy {
+            Strategy::Direct { max_queue_delay, minimum_slot_utilization } => {
+                let needed = ((*minimum_slot_utilization * slots as f32).ceil() as usize).clamp(1, slots);
+                (*max_queue_delay, ready.len() >= needed)
+            }
+            Strategy::Oldest { max_queue_delay, preferred_batch_sizes, .. } => {
+                let n = ready.len().min(max_rows);
+                (*max_queue_delay, n == max_rows || preferred_batch_sizes.contains(&n))
+            }
+        };
+        if !delay.is_zero() && !enough && now < oldest + delay {
+            return Err(Some(oldest + delay));
+        }
+        let direct = matches!(self.policy.strategy, Strategy::Direct { .. });
+        let mut order: Vec<usize> = ready.iter().map(|(j, _)| *j).collect();
+        if !direct {
+            let mut by_age = ready.clone();
+            by_age.sort_by_key(|(_, t)| *t);
+            order = by_age.into_iter().map(|(j, _)| j).collect();
+        }
+        Ok(self.take_rows(state, i, &order, direct))
+    }
+
+    /// Takes the front request of the sequences in `slots` (in that order)
+    /// that can share an execution with the first: with `direct`, each at
+    /// its slot's row, idle rows below the highest one padding.
+    fn take_rows(&self, state: &mut State, i: usize, slots: &[usize], direct: bool) -> Vec<Row> {
+        let limit = if direct { usize::MAX } else { self.policy.max_batch_size };
+        let mut taken: Vec<(usize, Row)> = Vec::new();
+        let mut key = None;
+        for &j in slots {
+            if taken.len() == limit {
+                break;
+            }
+            let Some(id) = state.slots[i][j].clone() else { continue };
+            let Some(s) = state.sequences.get_mut(&id) else { continue };
+            let Some(front) = s.queue.front() else { continue };
+            let states = match (&s.states, front.start) {
+                (Some(states), false) => states.as_slice(),
+                _ => self.initial.as_slice(),
+            };
+            let row_key = rows::key(&front.inputs, states);
+            if *key.get_or_insert_with(|| row_key.clone()) != row_key {
+                continue;
+            }
+            let states = states.to_vec();
+            let mut job = s.queue.pop_front().expect("checked above");
+            s.running = true;
+            let mut tensors = std::mem::take(&mut job.inputs);
+            tensors.extend(states);
+            let inputs = RowInputs { tensors, start: job.start, end: job.end, id: Some(id.clone()) };
+            taken.push((j, Row { sequence: Some((id, s.serial)), job: Some(job), inputs }));
+        }
+        if !direct {
+            return taken.into_iter().map(|(_, row)| row).collect();
+        }
+        let top = taken.iter().map(|(j, _)| *j).max().unwrap_or(0);
+        let padding = rows::padding(&taken[0].1.inputs);
+        let mut taken = taken.into_iter().peekable();
+        (0..=top)
+            .map(|j| match taken.next_if(|(at, _)| *at == j) {
+                Some((_, row)) => row,
+                None => Row {
+                    sequence: None,
+                    job: None,
+                    inputs: RowInputs { tensors: padding.tensors.clone(), start: false, end: false, id: None },
+                },
+            })
+            .collect()
+    }
+
+    /// Runs one execution and answers each request in it; stores each
+    /// sequence's next state and ends the sequences whose END ran.
+    fn execute(&self, instance: &dyn Backend, rows: Vec<Row>) {
+        let taken = Instant::now();
+        for job in rows.iter().filter_map(|r| r.job.as_ref()) {
+            self.metrics.queued(taken.duration_since(job.enqueued));
+        }
+        let inputs = rows::batch_inputs(&self.policy, &rows.iter().map(|r| &r.inputs).collect::<Vec<_>>());
+        let gathered = taken.elapsed();
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| instance.execute(inputs)))
+            .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
+        let infer = started.elapsed();
+        let result =
+            result.and_then(|outputs| rows::split(&self.policy, outputs, rows.len()).map_err(BackendError::Failed));
+        let compute = Compute { input: gathered, infer, output: started.elapsed() - infer };
+        let requests = rows.iter().filter(|r| r.job.is_some()).count();
+        self.metrics.executed_padded(rows.len(), requests, compute, result.is_ok());
+        let answers = match result {
+            Ok(per_row) => per_row.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(self.error(e)); rows.len()],
+        };
+        let mut state = self.lock();
+        for (row, answer) in rows.into_iter().zip(answers) {
+            let (Some(job), Some((id, serial))) = (row.job, row.sequence) else { continue };
+            let reply = answer.map(|(outputs, next)| {
+                self.finished_row(&mut state, &id, serial, job.end, Some(next));
+                (outputs, Timing { queue: taken.duration_since(job.enqueued), compute })
+            });
+            if reply.is_err() {
+                self.finished_row(&mut state, &id, serial, job.end, None);
+            }
+            if job.reply.send(reply).is_err() {
+                self.metrics.finished(Err(FailureReason::Canceled), job.enqueued.elapsed());
+            }
+        }
+        self.wake.notify_all();
+    }
+
+    /// A request of sequence `id` (`serial`) finished, leaving `next` as
+    /// its state (`None`: it failed, the state stays as it was); a request
+    /// with END ends the sequence unless a new START is already queued.
+    fn finished_row(&self, state: &mut State, id: &CorrelationId, serial: u64, end: bool, next: Option<Vec<Tensor>>) {
+        // A sequence cancelled while its request ran is gone (or another
+        // sequence has its id now): nothing to keep.
+        let Some(s) = state.sequences.get_mut(id).filter(|s| s.serial == serial) else { return };
+        s.running = false;
+        s.last_seen = Instant::now();
+        if next.is_some() {
+            s.states = next;
+        }
+        if end && !s.open && s.queue.is_empty() {
+            self.end(state, id, SequenceEnd::End);
+        } else if end {
+            s.states = None;
+        }
+    }
+
+    fn error(&self, e: BackendError) -> Error {
+        match e {
+            BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
+            BackendError::Unavailable(m) => Error::Unavailable(format!("model '{}': {m}", self.model)),
+            BackendError::BadGateway(m) => Error::BadGateway(format!("model '{}': {m}", self.model)),
+            BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
+        }
+    }
+}
+
+/// A free (instance, slot): on the instance with the most free slots, its
+/// lowest free slot, so that sequences spread over the instances.
+fn free_slot(slots: &[Vec<Option<CorrelationId>>]) -> Option<(usize, usize)> {
+    let (i, free) = slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.iter().filter(|x| x.is_none()).count()))
+        .max_by_key(|&(i, free)| (free, std::cmp::Reverse(i)))?;
+    if free == 0 {
+        return None;
+    }
+    Some((i, slots[i].iter().position(Option::is_none)?))
+}
+
+/// How long a test waits at most for an event that must come.
+#[cfg(test)]
+const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests;
