@@ -219,6 +219,11 @@ def test_registration_status_and_unregistration_over_http(server, regions):
     for (status, body), expected_status, message in cases:
         assert status == expected_status and body["error"].startswith(message), (body, message)
     assert post(server, "/v2/systemsharedmemory/region/never/unregister", b"") == (200, None)
+    # There are never CUDA regions: unregistering them has nothing to do.
+    assert post(server, "/v2/cudasharedmemory/unregister", b"") == (200, None)
+    assert post(server, "/v2/cudasharedmemory/region/never/unregister", b"") == (200, None)
+    assert post(server, "/v2/cudasharedmemory/region/c/register", {"raw_handle": {"b64": ""}, "device_id": 0,
+                                                                 "byte_size": 1})[0] == 501
     assert post(server, "/v2/systemsharedmemory/region/reg/unregister", b"") == (200, None)
     assert get(server, "/v2/systemsharedmemory/status") == (200, [])
     shm.destroy_shared_memory_region(handle)

@@ -248,7 +248,13 @@ fn scheduling(config: &ModelConfig, p: &mut Problems) {
         Some(SchedulingChoice::SequenceBatching(_)) if is_ensemble => {
             p.add("an ensemble cannot have 'sequence_batching'; its steps that are sequence models have it")
         }
-        Some(SchedulingChoice::SequenceBatching(_)) => {}
+        Some(SchedulingChoice::SequenceBatching(_)) => p.check(
+            !config.response_cache.as_ref().is_some_and(|c| c.enable),
+            || {
+                "'response_cache' cannot be enabled with 'sequence_batching': a sequence's answers depend on its state"
+                    .to_owned()
+            },
+        ),
         Some(SchedulingChoice::EnsembleScheduling(_)) if !is_ensemble => p.add(format!(
             "'ensemble_scheduling' is set on a model whose platform is '{}'; only platform '{ENSEMBLE_PLATFORM}' has steps",
             config.platform
@@ -606,6 +612,10 @@ mod tests {
             (r#"model_repository_agents { agents [ { name: "checksum" } ] }"#, "'model_repository_agents'"),
             ("model_metrics { }", "'model_metrics'"),
             ("model_transaction_policy { decoupled: true }", "'model_transaction_policy.decoupled'"),
+            (
+                "sequence_batching { } response_cache { enable: true }",
+                "'response_cache' cannot be enabled with 'sequence_batching'",
+            ),
         ];
         for (field, named) in cases {
             let found = problems(&format!("platform: \"onnxruntime_onnx\" max_batch_size: 1 {io} {field}"));

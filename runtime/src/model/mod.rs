@@ -24,7 +24,7 @@ use crate::plugin::{CallContext, ModelInfo, ModelRunner, Plugin, PluginError, Pl
 use crate::repository::{self, ModelDir};
 use crate::scheduler::policy::{Policy, RequestOptions};
 use crate::scheduler::sequence::policy::SequencePolicy;
-use crate::scheduler::sequence::{CorrelationId, SequenceRequest, SequenceScheduler};
+use crate::scheduler::sequence::{CorrelationId, Owner, SequenceRequest, SequenceScheduler, new_owner};
 use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
 
@@ -376,12 +376,13 @@ impl Model {
         }
     }
 
-    /// Ends sequence `id` of a sequence model if nothing of it is queued or
-    /// running (its gRPC stream closed before its END); does nothing for
-    /// other models.
-    pub fn release_sequence(&self, id: &CorrelationId) {
+    /// Ends sequence `id` of a sequence model if `owner` opened it (its
+    /// gRPC stream closed before its END), once nothing of it is queued or
+    /// running; does nothing for other models. For an ensemble, its steps'
+    /// sequences end by their idle time.
+    pub fn release_sequence(&self, id: &CorrelationId, owner: Owner) {
         if let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine {
-            scheduler.release(id, crate::metrics::SequenceEnd::Cancelled);
+            scheduler.release(id, owner, crate::metrics::SequenceEnd::Cancelled);
         }
     }
 
@@ -428,7 +429,9 @@ impl Model {
     ) -> Result<(Vec<Tensor>, Timing), Error> {
         check_inputs(&self.signature, &self.name, &inputs)?;
         outputs::check(&self.signature, &self.name, requested)?;
-        let Some((cache, owner)) = &self.cache else { return self.compute(inputs, requested, options, runner).await };
+        // A sequence's answers depend on its state: never cached.
+        let cache = self.cache.as_ref().filter(|_| options.sequence.is_none());
+        let Some((cache, owner)) = cache else { return self.compute(inputs, requested, options, runner).await };
         let looked_up = Instant::now();
         let key = ResponseCache::key(*owner, &inputs, requested);
         if let Some(outputs) = cache.get(&key) {
@@ -463,10 +466,21 @@ impl Model {
                 let (outputs, timing) = match batcher {
                     Batcher::Dynamic(scheduler) => scheduler.submit(inputs, options).await?,
                     Batcher::Sequence(scheduler) => {
+                        for (key, set) in
+                            [("priority", options.priority.is_some()), ("timeout", options.timeout_us.is_some())]
+                        {
+                            if set {
+                                return Err(Error::InvalidArgument(format!(
+                                    "model '{}' has sequence_batching: its requests run in their sequence's order, so request parameter '{key}' does not apply",
+                                    self.name
+                                )));
+                            }
+                        }
                         let sequence = options.sequence.unwrap_or(SequenceRequest {
                             id: CorrelationId::Uint(0),
                             start: false,
                             end: false,
+                            owner: None,
                         });
                         scheduler.submit(inputs, sequence).await?
                     }
@@ -556,9 +570,14 @@ impl Model {
         })?;
         let req = Arc::new(req);
         let sequence = self.open_predict_sequence();
-        context.sequence = sequence.as_ref().map(|s| (self.name.clone(), s.id.clone()));
+        context.sequence = sequence.as_ref().map(|s| (self.name.clone(), self.version, s.id.clone()));
         let options = RequestOptions {
-            sequence: sequence.as_ref().map(|s| SequenceRequest { id: s.id.clone(), start: true, end: false }),
+            sequence: sequence.as_ref().map(|s| SequenceRequest {
+                id: s.id.clone(),
+                start: true,
+                end: false,
+                owner: Some(s.owner),
+            }),
             ..RequestOptions::default()
         };
         let mut timing = PredictTiming::default();
@@ -577,10 +596,8 @@ impl Model {
     /// A new sequence for one `/predict` request, if this is a sequence
     /// model; it ends when the returned guard drops.
     fn open_predict_sequence(&self) -> Option<PredictSequence<'_>> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine else { return None };
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(PredictSequence { scheduler, id: CorrelationId::Text(format!("plinth-predict-{n}")) })
+        Some(PredictSequence { scheduler, id: CorrelationId::new_host(), owner: new_owner() })
     }
 
     /// The configuration as served: `config.pbtxt` with the platform,
@@ -633,11 +650,12 @@ impl Model {
 struct PredictSequence<'a> {
     scheduler: &'a SequenceScheduler,
     id: CorrelationId,
+    owner: Owner,
 }
 
 impl Drop for PredictSequence<'_> {
     fn drop(&mut self) {
-        self.scheduler.release(&self.id, crate::metrics::SequenceEnd::End);
+        self.scheduler.release(&self.id, self.owner, crate::metrics::SequenceEnd::End);
     }
 }
 

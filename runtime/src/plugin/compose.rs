@@ -80,11 +80,11 @@ pub struct CallContext {
     /// The models whose plugin is running for this request, outermost
     /// first; this call's model last.
     pub chain: Vec<String>,
-    /// When this call's model is a sequence model: its name and the
-    /// sequence the host opened for this request, which the plugin's
+    /// When this call's model is a sequence model: its name, version and
+    /// the sequence the host opened for this request, which the plugin's
     /// composed `infer` calls on the same model continue (so the host
     /// carries the model's state between them).
-    pub sequence: Option<(String, CorrelationId)>,
+    pub sequence: Option<(String, u64, CorrelationId)>,
 }
 
 /// The composition state of one plugin instance during a call.
@@ -110,7 +110,9 @@ impl Composition {
         let context = self.context()?;
         let runner = context.runner.clone();
         let sequence = match &context.sequence {
-            Some((own, id)) if own == model => Some(SequenceRequest { id: id.clone(), start: false, end: false }),
+            Some((own, own_version, id)) if own == model && version.is_none_or(|v| v == *own_version) => {
+                Some(SequenceRequest { id: id.clone(), start: false, end: false, owner: None })
+            }
             _ => None,
         };
         let options = RequestOptions { sequence, ..RequestOptions::default() };

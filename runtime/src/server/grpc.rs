@@ -21,8 +21,9 @@ use crate::metrics::{ModelStatistics, Total};
 use crate::model::OutputRequest;
 use crate::protocol::shared_memory::{self, RegionRef, Regions};
 use crate::scheduler::policy::RequestOptions;
-use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
+use crate::scheduler::sequence::{CorrelationId, Owner, SequenceRequest, new_owner};
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
+use tokio::sync::oneshot::error::TryRecvError;
 
 /// The gRPC face of the server.
 pub struct Grpc {
@@ -129,7 +130,7 @@ impl GrpcInferenceService for Grpc {
         if let Some(id) = model_id {
             r.model_name = id;
         }
-        Ok(Response::new(infer(&self.service, r).await?))
+        Ok(Response::new(infer(&self.service, r, None).await?))
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<pb::ModelStreamInferResponse, Status>>;
@@ -309,7 +310,8 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Answer<pb::CudaSharedMemoryUnregisterResponse> {
         self.allow(Api::SharedMemory, &request)?;
-        Err(Status::unimplemented(CUDA_UNSUPPORTED))
+        self.service.shared_memory.unregister_cuda()?;
+        Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {
@@ -374,8 +376,14 @@ fn log_settings_response(settings: serde_json::Value) -> pb::LogSettingsResponse
 /// read them.
 const STREAM_BUFFER: usize = 64;
 
-/// Runs one `ModelInferRequest` through the service core.
-async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
+/// Runs one `ModelInferRequest` through the service core; `stream` is the
+/// `ModelStreamInfer` call it came on, if any (it owns the sequences it
+/// starts).
+async fn infer(
+    service: &Service,
+    r: pb::ModelInferRequest,
+    stream: Option<Owner>,
+) -> Result<pb::ModelInferResponse, Status> {
     let m = service.model(&r.model_name, version(&r.model_version)?).await?;
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let inferred = service
@@ -384,7 +392,7 @@ async fn infer(service: &Service, r: pb::ModelInferRequest) -> Result<pb::ModelI
             let options = RequestOptions {
                 priority: uint_parameter(&parameters, "priority")?,
                 timeout_us: uint_parameter(&parameters, "timeout")?,
-                sequence: sequence_request(&parameters)?,
+                sequence: sequence_request(&parameters)?.map(|s| SequenceRequest { owner: stream, ..s }),
             };
             let requested = outputs.iter().map(requested_output).collect::<Result<_, _>>()?;
             let places = output_places(service, &outputs)?;
@@ -447,44 +455,49 @@ type StreamSequence = (String, String, CorrelationId);
 /// Serves one `ModelStreamInfer` call: reads requests until the client ends
 /// its side, runs each as its own task, and sends each answer as it is
 /// ready. Requests of one sequence run one after another, in the order
-/// they came. The tasks are aborted (their queued requests taken out, which
-/// cancels their sequences) when the client cancels or stops reading; when
-/// the stream ends, the sequences it left open are ended.
+/// they came, each after the one before was answered. The tasks are
+/// aborted (their queued requests taken out, which cancels their
+/// sequences) when the client cancels or stops reading; when the stream
+/// ends, the sequences it opened and left open end.
 async fn serve_stream(
     service: Arc<Service>,
     mut requests: Streaming<pb::ModelInferRequest>,
     answers: tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
 ) {
+    let owner = new_owner();
     let mut running = tokio::task::JoinSet::new();
-    // Each sequence's last request so far: done when its answer is, and
-    // whether it left the sequence open.
-    let mut sequences: HashMap<StreamSequence, (tokio::sync::oneshot::Receiver<()>, bool)> = HashMap::new();
+    // Each sequence's last request so far: its answer has been sent when
+    // the receiver reports its sender gone.
+    let mut sequences: HashMap<StreamSequence, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
+    // The sequences the stream sent requests of and did not see end.
+    let mut opened: std::collections::HashSet<StreamSequence> = std::collections::HashSet::new();
     let mut reading = true;
     while reading || !running.is_empty() {
         tokio::select! {
             next = requests.message(), if reading => match next {
                 Ok(Some(request)) => {
                     let service = service.clone();
-                    let previous = match sequence_request(&request.parameters) {
+                    let turn = match sequence_request(&request.parameters) {
                         Ok(Some(sequence)) => {
+                            // Sequences whose last request has been answered
+                            // need no entry, unless still open.
+                            sequences.retain(|_, done| matches!(done.try_recv(), Err(TryRecvError::Empty)));
                             let key = (request.model_name.clone(), request.model_version.clone(), sequence.id);
-                            let (done, turn) = tokio::sync::oneshot::channel();
-                            let previous = sequences.insert(key, (turn, !sequence.end)).map(|(turn, _)| turn);
-                            Some((previous, done))
+                            let (answered, done) = tokio::sync::oneshot::channel();
+                            let previous = sequences.insert(key.clone(), done);
+                            opened.insert(key.clone());
+                            Some((previous, answered, key, sequence.end))
                         }
                         _ => None,
                     };
                     running.spawn(async move {
-                        let _done = match previous {
-                            Some((previous, done)) => {
-                                if let Some(turn) = previous {
-                                    let _ = turn.await;
-                                }
-                                Some(done)
-                            }
-                            None => None,
+                        let Some((previous, answered, key, end)) = turn else {
+                            return (stream_answer(&service, request, owner).await, None);
                         };
-                        stream_answer(&service, request).await
+                        if let Some(turn) = previous {
+                            let _ = turn.await;
+                        }
+                        (stream_answer(&service, request, owner).await, Some((answered, key, end)))
                     });
                 }
                 Ok(None) => reading = false,
@@ -492,8 +505,20 @@ async fn serve_stream(
                 Err(_) => break,
             },
             Some(done) = running.join_next() => {
-                let answer = done.unwrap_or_else(|e| stream_error(String::new(), &format!("the request failed: {e}")));
-                if answers.send(Ok(answer)).await.is_err() {
+                let (answer, sequence) = done.unwrap_or_else(|e| {
+                    (stream_error(String::new(), &format!("the request failed: {e}")), None)
+                });
+                let ended = answer.error_message.is_empty();
+                let sent = answers.send(Ok(answer)).await;
+                // The sequence's next request may run now that this answer
+                // is on its way, so the answers keep the requests' order.
+                if let Some((answered, key, end)) = sequence {
+                    if end && ended {
+                        opened.remove(&key);
+                    }
+                    drop(answered);
+                }
+                if sent.is_err() {
                     break;
                 }
             },
@@ -502,24 +527,26 @@ async fn serve_stream(
     }
     // Requests still running are cancelled, and with them their sequences.
     drop(running);
-    for ((model, version_field, id), (_, open)) in sequences {
-        if !open {
-            continue;
-        }
-        // Never loads: a model that is not resident holds no sequences.
+    for (model, version_field, id) in opened {
+        // Never loads: a model that is not resident holds no sequences. A
+        // sequence that ended, or that another client opened since under
+        // the same id, is left alone.
         if let Ok(m) = version(&version_field).and_then(|v| service.registry().resolve(&model, v)) {
-            tracing::info!(model = %model, sequence = %id, "the stream closed before the sequence's end: it ends");
-            m.release_sequence(&id);
+            m.release_sequence(&id, owner);
         }
     }
 }
 
 /// The stream's answer to one request: its response, or its error with its
-/// id, as Triton answers on the stream.
-async fn stream_answer(service: &Service, request: pb::ModelInferRequest) -> pb::ModelStreamInferResponse {
+/// id, as Triton answers on the stream. `owner` is the stream.
+async fn stream_answer(
+    service: &Service,
+    request: pb::ModelInferRequest,
+    owner: Owner,
+) -> pb::ModelStreamInferResponse {
     let id = request.id.clone();
     let answer = match service.begin_inference() {
-        Ok(_counted) => infer(service, request).await,
+        Ok(_counted) => infer(service, request, Some(owner)).await,
         Err(e) => Err(e.into()),
     };
     match answer {

@@ -64,8 +64,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/cudasharedmemory/status", get(routes::cuda_shared_memory))
         .route("/v2/cudasharedmemory/region/{region}/status", get(routes::cuda_shared_memory))
         .route("/v2/cudasharedmemory/region/{region}/register", post(routes::cuda_shared_memory))
-        .route("/v2/cudasharedmemory/unregister", post(routes::cuda_shared_memory))
-        .route("/v2/cudasharedmemory/region/{region}/unregister", post(routes::cuda_shared_memory));
+        .route("/v2/cudasharedmemory/unregister", post(routes::unregister_cuda_shared_memory))
+        .route("/v2/cudasharedmemory/region/{region}/unregister", post(routes::unregister_cuda_shared_memory));
     let groups = [
         (Api::Inference, inference),
         (Api::Health, health),

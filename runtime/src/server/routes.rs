@@ -514,9 +514,19 @@ pub async fn unregister_shared_memory(
     Ok(StatusCode::OK)
 }
 
-/// `/v2/cudasharedmemory/...`: refused; Plinth has no CUDA memory to share.
+/// `/v2/cudasharedmemory/status` and `.../register`: refused; Plinth has
+/// no CUDA memory to share.
 pub async fn cuda_shared_memory() -> ApiError {
     Error::Unsupported(CUDA_UNSUPPORTED.into()).into()
+}
+
+/// `POST /v2/cudasharedmemory[/region/{r}]/unregister`: there are no CUDA
+/// regions, so nothing to unregister (see [`SharedMemory::unregister_cuda`]).
+///
+/// [`SharedMemory::unregister_cuda`]: super::shared_memory::SharedMemory::unregister_cuda
+pub async fn unregister_cuda_shared_memory(State(service): State<Arc<Service>>) -> ApiResult<StatusCode> {
+    service.shared_memory.unregister_cuda()?;
+    Ok(StatusCode::OK)
 }
 
 /// Any other path.

@@ -132,6 +132,7 @@ pub fn sequence_request<'a>(
         id: id.unwrap_or(CorrelationId::Uint(0)),
         start: start.unwrap_or(false),
         end: end.unwrap_or(false),
+        owner: None,
     }))
 }
 

@@ -177,6 +177,18 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Unregisters CUDA shared memory regions (one by name, or all): there
+    /// never are any, since registering one is refused, so there is
+    /// nothing to do. Answering success lets clients clear both kinds of
+    /// region before a run, as Triton's tests and tools do.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without `--allow-client-shm`, as for system
+    /// regions.
+    pub fn unregister_cuda(&self) -> Result<(), Error> {
+        self.check_allowed()
+    }
+
     /// Unregisters the region `name`, or every region for `None`. A name not
     /// registered is no error (Triton's behaviour, which clients rely on to
     /// clear a name before registering it). A region requests hold stays

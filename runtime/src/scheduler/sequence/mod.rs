@@ -21,7 +21,7 @@ use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -42,7 +42,14 @@ pub enum CorrelationId {
     Uint(u64),
     /// A string id.
     Text(String),
+    /// An id the host opened for one of its own requests (a `/predict` on a
+    /// sequence model); no client can name it. A CORRID control reads it as
+    /// `2^63 + n` (integer) or `plinth-N` (string).
+    Host(u64),
 }
+
+/// Where host ids start in an integer CORRID control.
+const HOST_BASE: u64 = 1 << 63;
 
 impl CorrelationId {
     /// Whether the id names no sequence (0 or "").
@@ -50,6 +57,22 @@ impl CorrelationId {
         match self {
             CorrelationId::Uint(n) => *n == 0,
             CorrelationId::Text(s) => s.is_empty(),
+            CorrelationId::Host(_) => false,
+        }
+    }
+
+    /// A new host id, never handed out before in this process.
+    pub fn new_host() -> CorrelationId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        CorrelationId::Host(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The id as an integer CORRID element, if it has one.
+    fn as_integer(&self) -> Option<u64> {
+        match self {
+            CorrelationId::Uint(n) => Some(*n),
+            CorrelationId::Host(n) => Some(HOST_BASE | n),
+            CorrelationId::Text(_) => None,
         }
     }
 }
@@ -59,8 +82,19 @@ impl fmt::Display for CorrelationId {
         match self {
             CorrelationId::Uint(n) => write!(f, "{n}"),
             CorrelationId::Text(s) => f.write_str(s),
+            CorrelationId::Host(n) => write!(f, "plinth-{n}"),
         }
     }
+}
+
+/// A number naming who opened a sequence (a gRPC stream, a `/predict`
+/// request), so that only its opener ends it when done with it.
+pub type Owner = u64;
+
+/// A new [`Owner`], never handed out before in this process.
+pub fn new_owner() -> Owner {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The sequence parameters of one request: `sequence_id`, `sequence_start`
@@ -73,6 +107,9 @@ pub struct SequenceRequest {
     pub start: bool,
     /// `sequence_end`: its last request.
     pub end: bool,
+    /// Who sends the request, when a stream or the host does; a START
+    /// makes it the sequence's owner.
+    pub owner: Option<Owner>,
 }
 
 /// The answer a worker sends back to a queued request.
@@ -114,6 +151,11 @@ struct Sequence {
     running: bool,
     /// When its last request arrived or finished.
     last_seen: Instant,
+    /// Who opened it (its last START's sender), if a stream or the host.
+    owner: Option<Owner>,
+    /// Its owner is done with it: it ends once nothing of it is queued or
+    /// running.
+    closing: bool,
 }
 
 /// Correlation ids whose sequences ended recently other than by their END
@@ -161,7 +203,7 @@ impl SequenceScheduler {
         instances: Vec<Arc<dyn Backend>>,
         metrics: ModelMetrics,
     ) -> SequenceScheduler {
-        let slots = policy.slots_per_instance(instances.len());
+        let slots = policy.slots_per_instance();
         let shared = Arc::new(Shared {
             model: model.to_owned(),
             state: Mutex::new(State {
@@ -221,22 +263,34 @@ impl SequenceScheduler {
         reply.unwrap_or_else(|_| Err(Error::Internal(format!("model '{}' stopped", shared.model))))
     }
 
-    /// Ends sequence `id` for `reason` if it is open and has no request
-    /// queued or running (a gRPC stream that carried it closed before its
-    /// END, or the `/predict` request it belongs to is done). Its slot and
-    /// state are freed.
-    pub fn release(&self, id: &CorrelationId, reason: SequenceEnd) {
+    /// Ends sequence `id` for `reason` if `owner` opened it (a gRPC stream
+    /// that carried it closed before its END, or the `/predict` request it
+    /// belongs to is done): at once if nothing of it is queued or running,
+    /// else when that is done. Its slot and state are freed. A sequence
+    /// someone else opened since under the same id is left alone.
+    pub fn release(&self, id: &CorrelationId, owner: Owner, reason: SequenceEnd) {
         let mut state = self.shared.lock();
-        let idle = state.sequences.get(id).is_some_and(|s| s.queue.is_empty() && !s.running);
-        if idle {
+        let Some(s) = state.sequences.get_mut(id).filter(|s| s.owner == Some(owner)) else { return };
+        if s.queue.is_empty() && !s.running {
             self.shared.end(&mut state, id, reason);
+        } else {
+            s.closing = true;
         }
     }
 }
 
 impl Drop for SequenceScheduler {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
+        {
+            // The version is unloaded: its open sequences end, their queued
+            // requests fail, and the gauges go back down.
+            let mut state = self.shared.lock();
+            state.closed = true;
+            let open: Vec<CorrelationId> = state.sequences.keys().cloned().collect();
+            for id in open {
+                self.shared.end(&mut state, &id, SequenceEnd::Cancelled);
+            }
+        }
         self.shared.wake.notify_all();
         for worker in self.workers.drain(..) {
             let _ = worker.join();
@@ -281,16 +335,24 @@ impl Shared {
                 self.model
             )));
         }
-        let integer_control = self
-            .policy
-            .controls
-            .iter()
-            .find(|c| c.signal == policy::Signal::CorrelationId && c.datatype != crate::tensor::DataType::Bytes);
-        if let (Some(control), CorrelationId::Text(text)) = (integer_control, &sequence.id) {
-            return Err(Error::InvalidArgument(format!(
-                "model '{}' takes integer correlation IDs (its CONTROL_SEQUENCE_CORRID input '{}' is {}), got the string '{text}'",
-                self.model, control.name, control.datatype
-            )));
+        use crate::tensor::DataType;
+        let corrid = self.policy.controls.iter().find(|c| c.signal == policy::Signal::CorrelationId);
+        match (corrid, &sequence.id) {
+            (Some(control), CorrelationId::Text(text)) if control.datatype != DataType::Bytes => {
+                return Err(Error::InvalidArgument(format!(
+                    "model '{}' takes integer correlation IDs (its CONTROL_SEQUENCE_CORRID input '{}' is {}), got the string '{text}'",
+                    self.model, control.name, control.datatype
+                )));
+            }
+            (Some(control), CorrelationId::Uint(n))
+                if matches!(control.datatype, DataType::Int32 | DataType::Uint32) && *n > u64::from(u32::MAX) =>
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "model '{}' takes 32-bit correlation IDs (its CONTROL_SEQUENCE_CORRID input '{}' is {}), got {n}",
+                    self.model, control.name, control.datatype
+                )));
+            }
+            _ => {}
         }
         if self.policy.batch_dimension && inputs.iter().any(|t| t.shape.first() != Some(&1)) {
             return Err(Error::InvalidArgument(format!(
@@ -316,6 +378,11 @@ impl Shared {
         }
         if !state.sequences.contains_key(&sequence.id) {
             self.open(&mut state, &sequence.id);
+        }
+        let s = state.sequences.get_mut(&sequence.id).expect("opened above");
+        if sequence.start {
+            s.owner = sequence.owner;
+            s.closing = false;
         }
         let id = state.next_job;
         state.next_job += 1;
@@ -365,6 +432,8 @@ impl Shared {
             open: true,
             running: false,
             last_seen: Instant::now(),
+            owner: None,
+            closing: false,
         };
         state.sequences.insert(id.clone(), sequence);
         self.metrics.sequences_active().inc();
@@ -410,17 +479,23 @@ impl Shared {
     /// would be.
     fn reap(&self, state: &mut State, now: Instant) -> Option<Instant> {
         let max_idle = self.policy.max_idle;
+        // The host's own sequences end with the request they serve, which
+        // may wait longer than the idle time between its calls (for a
+        // plugin instance, under load).
+        let reaped = |id: &CorrelationId, s: &Sequence| {
+            s.queue.is_empty() && !s.running && !matches!(id, CorrelationId::Host(_))
+        };
         let idle: Vec<CorrelationId> = state
             .sequences
             .iter()
-            .filter(|(_, s)| s.queue.is_empty() && !s.running && now.duration_since(s.last_seen) >= max_idle)
+            .filter(|(id, s)| reaped(id, s) && now.duration_since(s.last_seen) >= max_idle)
             .map(|(id, _)| id.clone())
             .collect();
         for id in idle {
             tracing::info!(model = %self.model, sequence = %id, "sequence idle for max_sequence_idle_microseconds: released");
             self.end(state, &id, SequenceEnd::Idle);
         }
-        state.sequences.values().filter(|s| s.queue.is_empty() && !s.running).map(|s| s.last_seen + max_idle).min()
+        state.sequences.iter().filter(|(id, s)| reaped(id, s)).map(|(_, s)| s.last_seen + max_idle).min()
     }
 
     /// A worker: runs executions on instance `i` until the scheduler closes.
@@ -523,6 +598,10 @@ impl Shared {
             let states = states.to_vec();
             let mut job = s.queue.pop_front().expect("checked above");
             s.running = true;
+            if job.start {
+                // What came before this START is gone, even if it fails.
+                s.states = None;
+            }
             let mut tensors = std::mem::take(&mut job.inputs);
             tensors.extend(states);
             let inputs = RowInputs { tensors, start: job.start, end: job.end, id: Some(id.clone()) };
@@ -553,15 +632,20 @@ impl Shared {
         for job in rows.iter().filter_map(|r| r.job.as_ref()) {
             self.metrics.queued(taken.duration_since(job.enqueued));
         }
-        let inputs = rows::batch_inputs(&self.policy, &rows.iter().map(|r| &r.inputs).collect::<Vec<_>>());
-        let gathered = taken.elapsed();
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| instance.execute(inputs)))
-            .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
-        let infer = started.elapsed();
-        let result =
-            result.and_then(|outputs| rows::split(&self.policy, outputs, rows.len()).map_err(BackendError::Failed));
-        let compute = Compute { input: gathered, infer, output: started.elapsed() - infer };
+        // A panic anywhere in the execution fails its requests; the worker
+        // and the sequences' slots survive it.
+        let mut phases = (Duration::ZERO, Duration::ZERO);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let inputs = rows::batch_inputs(&self.policy, &rows.iter().map(|r| &r.inputs).collect::<Vec<_>>());
+            phases.0 = taken.elapsed();
+            let started = Instant::now();
+            let outputs = instance.execute(inputs);
+            phases.1 = started.elapsed();
+            outputs.and_then(|outputs| rows::split(&self.policy, outputs, rows.len()).map_err(BackendError::Failed))
+        }))
+        .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
+        let (gathered, infer) = phases;
+        let compute = Compute { input: gathered, infer, output: taken.elapsed().saturating_sub(gathered + infer) };
         let requests = rows.iter().filter(|r| r.job.is_some()).count();
         self.metrics.executed_padded(rows.len(), requests, compute, result.is_ok());
         let answers = match result {
@@ -601,6 +685,8 @@ impl Shared {
             self.end(state, id, SequenceEnd::End);
         } else if end {
             s.states = None;
+        } else if s.closing && s.queue.is_empty() {
+            self.end(state, id, SequenceEnd::End);
         }
     }
 
@@ -630,7 +716,7 @@ fn free_slot(slots: &[Vec<Option<CorrelationId>>]) -> Option<(usize, usize)> {
 
 /// How long a test waits at most for an event that must come.
 #[cfg(test)]
-const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(30);
+const HANG_GUARD: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests;

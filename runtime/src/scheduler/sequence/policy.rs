@@ -37,7 +37,8 @@ pub enum Strategy {
     /// takes the oldest ready request of up to `max_batch_size` of its
     /// sequences, in no fixed rows.
     Oldest {
-        /// `max_candidate_sequences`: sequences bound to instances at once.
+        /// `max_candidate_sequences`: sequences bound to each instance at
+        /// once (Triton's slots per instance).
         max_candidate_sequences: usize,
         /// `max_queue_delay_microseconds`: how long the oldest ready request
         /// may wait for a fuller batch.
@@ -184,14 +185,13 @@ impl SequencePolicy {
         (controls.chain(states).collect(), outputs)
     }
 
-    /// Batch slots per instance: `max_batch_size` for `direct`; for
-    /// `oldest`, `max_candidate_sequences` shared out over the instances
-    /// (the candidates are all the sequences that can be batched at once;
-    /// the others wait in the backlog).
-    pub fn slots_per_instance(&self, instances: usize) -> usize {
+    /// Batch slots per instance: `max_batch_size` for `direct`,
+    /// `max_candidate_sequences` for `oldest` (as Triton's sequence batcher
+    /// gives each instance); the other sequences wait in the backlog.
+    pub fn slots_per_instance(&self) -> usize {
         match &self.strategy {
             Strategy::Direct { .. } => self.max_batch_size,
-            Strategy::Oldest { max_candidate_sequences, .. } => max_candidate_sequences.div_ceil(instances.max(1)),
+            Strategy::Oldest { max_candidate_sequences, .. } => *max_candidate_sequences,
         }
     }
 }

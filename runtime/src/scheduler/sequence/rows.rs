@@ -73,10 +73,7 @@ fn control(c: &ControlInput, row: &RowInputs, batch_dimension: bool) -> Tensor {
 /// an integer id given to a string control reads as its decimal text (a
 /// string id never reaches an integer control: the scheduler refuses it).
 fn correlation_id(datatype: DataType, id: Option<&CorrelationId>) -> Vec<u8> {
-    let number = match id {
-        Some(CorrelationId::Uint(n)) => *n,
-        _ => 0,
-    };
+    let number = id.and_then(CorrelationId::as_integer).unwrap_or(0);
     match datatype {
         DataType::Bytes => {
             let mut data = Vec::new();

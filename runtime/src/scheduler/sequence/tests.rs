@@ -103,8 +103,12 @@ fn fixture(max_batch_size: usize, strategy_and_idle: &str, gate: Option<Arc<Gate
 impl Fixture {
     fn send(&self, id: u64, value: i32, flags: &str) -> tokio::task::JoinHandle<Result<i32, Error>> {
         let scheduler = self.scheduler.clone();
-        let sequence =
-            SequenceRequest { id: CorrelationId::Uint(id), start: flags.contains("start"), end: flags.contains("end") };
+        let sequence = SequenceRequest {
+            id: CorrelationId::Uint(id),
+            start: flags.contains("start"),
+            end: flags.contains("end"),
+            owner: None,
+        };
         tokio::spawn(async move {
             let (outputs, _) = scheduler.submit(vec![int_tensor("INPUT", &[value])], sequence).await?;
             assert_eq!(outputs.len(), 1, "the state output is the host's, not the client's");
@@ -164,7 +168,7 @@ async fn requests_outside_an_open_sequence_get_triton_s_errors() {
         e.starts_with("inference request to model 'acc' must specify a non-zero or non-empty correlation ID"),
         "{e}"
     );
-    let two_rows = SequenceRequest { id: CorrelationId::Text("s".into()), start: true, end: false };
+    let two_rows = SequenceRequest { id: CorrelationId::Text("s".into()), start: true, end: false, owner: None };
     let e = f.scheduler.submit(vec![int_tensor("INPUT", &[1, 2])], two_rows).await.unwrap_err().to_string();
     assert!(e.starts_with("inference request to model 'acc' must specify batch-size 1"), "{e}");
     assert_eq!(f.run(3, 1, "start").await, Ok(1));
@@ -228,4 +232,51 @@ async fn a_cancelled_request_ends_its_sequence_and_frees_its_slot() {
     let e = f.run(1, 3, "").await.unwrap_err().to_string();
     assert!(e.contains("must specify the START flag") && e.contains("cancelled"), "{e}");
     assert_eq!(f.run(2, 4, "start,end").await, Ok(4), "the slot is free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_releases_a_sequence_and_unloading_ends_the_rest() {
+    let f = fixture(2, "", None);
+    let start = |id: u64, owner| SequenceRequest { id: CorrelationId::Uint(id), start: true, end: false, owner };
+    f.scheduler.submit(vec![int_tensor("INPUT", &[1])], start(1, Some(7))).await.unwrap();
+    f.scheduler.submit(vec![int_tensor("INPUT", &[2])], start(2, None)).await.unwrap();
+    f.scheduler.release(&CorrelationId::Uint(1), 8, SequenceEnd::Cancelled);
+    f.scheduler.release(&CorrelationId::Uint(2), 7, SequenceEnd::Cancelled);
+    assert_eq!(f.metrics.sequences_active().get(), 2, "someone else's release changes nothing");
+    f.scheduler.release(&CorrelationId::Uint(1), 7, SequenceEnd::Cancelled);
+    f.wait_for_active(1);
+    assert_eq!(f.run(2, 5, "").await, Ok(7), "the other sequence goes on");
+    let Fixture { scheduler, metrics, .. } = f;
+    drop(Arc::into_inner(scheduler).expect("no other handle"));
+    assert_eq!(metrics.sequences_active().get(), 0, "unloading ends the open sequences");
+}
+
+#[test]
+fn a_string_id_or_a_wide_id_is_refused_by_an_integer_corrid_control() {
+    let text = "max_batch_size: 1 sequence_batching { control_input [ { name: \"C\" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT32 } ] } ] }";
+    let config = crate::config::parse(text).unwrap();
+    let policy = SequencePolicy::from_config(&config, Path::new("/nonexistent")).unwrap().unwrap();
+    let shared = Shared {
+        model: "m".into(),
+        initial: Vec::new(),
+        state: Mutex::new(State {
+            sequences: HashMap::new(),
+            slots: vec![vec![None]],
+            backlog: VecDeque::new(),
+            released: VecDeque::new(),
+            next_serial: 0,
+            next_job: 0,
+            closed: false,
+        }),
+        wake: Condvar::new(),
+        policy,
+        metrics: Metrics::new().for_model("m", 1),
+    };
+    let request = |id| SequenceRequest { id, start: true, end: false, owner: None };
+    let input = [int_tensor("INPUT", &[1])];
+    let e = shared.check_request(&input, &request(CorrelationId::Text("a".into()))).unwrap_err().to_string();
+    assert!(e.contains("takes integer correlation IDs") && e.contains("INT32"), "{e}");
+    let e = shared.check_request(&input, &request(CorrelationId::Uint(1 << 40))).unwrap_err().to_string();
+    assert!(e.contains("takes 32-bit correlation IDs"), "{e}");
+    assert!(shared.check_request(&input, &request(CorrelationId::new_host())).is_ok(), "host ids fit any control");
 }
