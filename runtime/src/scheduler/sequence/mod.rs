@@ -564,22 +564,41 @@ impl Shared {
             return Err(Some(oldest + delay));
         }
         let direct = matches!(self.policy.strategy, Strategy::Direct { .. });
-        let mut order: Vec<usize> = ready.iter().map(|(j, _)| *j).collect();
-        if !direct {
-            let mut by_age = ready.clone();
-            by_age.sort_by_key(|(_, t)| *t);
-            order = by_age.into_iter().map(|(j, _)| j).collect();
-        }
-        Ok(self.take_rows(state, i, &order, direct))
+        let mut by_age = ready.clone();
+        by_age.sort_by_key(|(_, t)| *t);
+        let order: Vec<usize> =
+            if direct { ready.iter().map(|(j, _)| *j).collect() } else { by_age.iter().map(|(j, _)| *j).collect() };
+        // The oldest ready request sets the shape the execution's rows
+        // share, so that no slot waits behind others of another shape.
+        let key = self.row_key(state, i, by_age[0].0);
+        Ok(self.take_rows(state, i, &order, direct, key))
+    }
+
+    /// The shape key of the front request of slot `j` of instance `i`.
+    fn row_key(&self, state: &State, i: usize, j: usize) -> Option<rows::RowKey> {
+        let s = state.sequences.get(state.slots[i][j].as_ref()?)?;
+        let front = s.queue.front()?;
+        let states = match (&s.states, front.start) {
+            (Some(states), false) => states.as_slice(),
+            _ => self.initial.as_slice(),
+        };
+        Some(rows::key(&front.inputs, states))
     }
 
     /// Takes the front request of the sequences in `slots` (in that order)
-    /// that can share an execution with the first: with `direct`, each at
-    /// its slot's row, idle rows below the highest one padding.
-    fn take_rows(&self, state: &mut State, i: usize, slots: &[usize], direct: bool) -> Vec<Row> {
+    /// whose shape key is `key`: with `direct`, each at its slot's row, idle
+    /// rows below the highest one padding.
+    fn take_rows(
+        &self,
+        state: &mut State,
+        i: usize,
+        slots: &[usize],
+        direct: bool,
+        key: Option<rows::RowKey>,
+    ) -> Vec<Row> {
         let limit = if direct { usize::MAX } else { self.policy.max_batch_size };
         let mut taken: Vec<(usize, Row)> = Vec::new();
-        let mut key = None;
+        let mut key = key;
         for &j in slots {
             if taken.len() == limit {
                 break;
