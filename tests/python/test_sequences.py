@@ -90,6 +90,11 @@ def server(tmp_path_factory):
               with_controls=False)
     (repo / "acc_file" / "initial_state").mkdir()
     (repo / "acc_file" / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
+    warm_up = ('model_warmup [ { name: "zeros" batch_size: 2 inputs { key: "INPUT" value: '
+               '{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]\n')
+    add_model(repo, "acc_warm", TensorProto.UINT64,
+              f"max_batch_size: 2\n{IO}{corr_io % 'TYPE_UINT64'}{warm_up}"
+              f"sequence_batching {{ max_sequence_idle_microseconds: 60000000 {uint64} {STATE % ''} }}\n")
     bad = CONTROLS.replace('"READY"', '"NOPE"') % "TYPE_UINT64"
     add_model(repo, "acc_bad", TensorProto.UINT64, f"max_batch_size: 2\n{IO}sequence_batching {{ {bad} {STATE % ''} }}\n")
     plain = repo / "plain" / "1"
@@ -193,6 +198,12 @@ def test_the_initial_state_comes_from_its_file(server):
     assert infer(server, "acc_file", 1, 3, start=True)[1]["OUTPUT"] == 101
     assert infer(server, "acc_file", 2, 3, end=True)[1]["OUTPUT"] == 103
     assert infer(server, "acc_file", 5, 4, start=True, end=True)[1]["OUTPUT"] == 105
+
+
+def test_warm_up_runs_a_sequence_model_with_the_host_s_controls_and_state(server):
+    # acc_warm is READY only if its warm-up sample (two rows) ran.
+    assert infer(server, "acc_warm", 4, 1, start=True) == (200, {"OUTPUT": 4, "CORR_OUT": 1})
+    assert infer(server, "acc_warm", 5, 1, end=True)[1]["OUTPUT"] == 9
 
 
 def test_a_control_the_model_lacks_keeps_the_model_from_loading(server):

@@ -164,9 +164,7 @@ impl Scheduling {
             None => Policy::from_config(config).map(Scheduling::Dynamic),
         }
     }
-}
 
-impl Scheduling {
     /// The tensors the backend exchanges: the requests' (`signature`) and,
     /// for a sequence model, the host's controls and state.
     fn backend_signature(&self, signature: &Signature) -> Signature {
@@ -348,13 +346,16 @@ impl Model {
     /// fit the signature, or the backend fails on them.
     pub fn warm_up(&self, model_dir: &Path) -> Result<usize, String> {
         // An ensemble has no model_warmup (config::validate refuses it).
-        let Engine::Backends { instances, .. } = &self.engine else { return Ok(0) };
+        let Engine::Backends { instances, batcher } = &self.engine else { return Ok(0) };
         let mut runs = 0;
         for sample in &self.config.model_warmup {
             let inputs = warmup::sample_inputs(sample, &self.signature, model_dir)?;
             check_inputs(&self.signature, &self.name, &inputs)
                 .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
-            let inputs = reshape::inputs(&self.signature, inputs);
+            let mut inputs = reshape::inputs(&self.signature, inputs);
+            if let Batcher::Sequence(scheduler) = batcher {
+                inputs = scheduler.warm_up_inputs(inputs);
+            }
             for instance in instances {
                 for _ in 0..sample.count.max(1) {
                     instance

@@ -2,9 +2,10 @@
 //! `proto/grpc_service.proto`) on tonic. Like the HTTP routes, it only
 //! translates between protobuf messages and the [`Service`] core.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use tokio::sync::oneshot::error::TryRecvError;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
@@ -23,7 +24,6 @@ use crate::protocol::shared_memory::{self, RegionRef, Regions};
 use crate::scheduler::policy::RequestOptions;
 use crate::scheduler::sequence::{CorrelationId, Owner, SequenceRequest, new_owner};
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
-use tokio::sync::oneshot::error::TryRecvError;
 
 /// The gRPC face of the server.
 pub struct Grpc {
@@ -435,9 +435,7 @@ async fn infer(
 ///
 /// # Errors
 /// As [`service::sequence_request`].
-fn sequence_request(
-    parameters: &std::collections::HashMap<String, pb::InferParameter>,
-) -> Result<Option<SequenceRequest>, Error> {
+fn sequence_request(parameters: &HashMap<String, pb::InferParameter>) -> Result<Option<SequenceRequest>, Error> {
     service::sequence_request(|key| {
         Some(match parameters.get(key)?.parameter_choice.as_ref()? {
             ParameterChoice::BoolParam(b) => ParameterValue::Bool(*b),
@@ -470,7 +468,7 @@ async fn serve_stream(
     // the receiver reports its sender gone.
     let mut sequences: HashMap<StreamSequence, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
     // The sequences the stream sent requests of and did not see end.
-    let mut opened: std::collections::HashSet<StreamSequence> = std::collections::HashSet::new();
+    let mut opened: HashSet<StreamSequence> = HashSet::new();
     let mut reading = true;
     while reading || !running.is_empty() {
         tokio::select! {
@@ -508,12 +506,12 @@ async fn serve_stream(
                 let (answer, sequence) = done.unwrap_or_else(|e| {
                     (stream_error(String::new(), &format!("the request failed: {e}")), None)
                 });
-                let ended = answer.error_message.is_empty();
+                let succeeded = answer.error_message.is_empty();
                 let sent = answers.send(Ok(answer)).await;
                 // The sequence's next request may run now that this answer
                 // is on its way, so the answers keep the requests' order.
                 if let Some((answered, key, end)) = sequence {
-                    if end && ended {
+                    if end && succeeded {
                         opened.remove(&key);
                     }
                     drop(answered);

@@ -279,6 +279,20 @@ impl SequenceScheduler {
     }
 }
 
+impl SequenceScheduler {
+    /// A warm-up sample's inputs with the control and state tensors added,
+    /// each of its rows a sequence of one request from the initial state
+    /// (`model_warmup` runs on the instances directly, not through here).
+    pub fn warm_up_inputs(&self, inputs: Vec<Tensor>) -> Vec<Tensor> {
+        let policy = &self.shared.policy;
+        let rows = match inputs.first().and_then(|t| t.shape.first()) {
+            Some(&n) if policy.batch_dimension => usize::try_from(n).unwrap_or(1),
+            _ => 1,
+        };
+        rows::warm_up(policy, inputs, rows)
+    }
+}
+
 impl Drop for SequenceScheduler {
     fn drop(&mut self) {
         {

@@ -85,6 +85,30 @@ fn correlation_id(datatype: DataType, id: Option<&CorrelationId>) -> Vec<u8> {
     }
 }
 
+/// A warm-up sample's inputs (`rows` rows) with the host's tensors added:
+/// each row a whole sequence of one request (START, END and READY true,
+/// correlation id 0) from the initial state.
+pub fn warm_up(policy: &SequencePolicy, mut inputs: Vec<Tensor>, rows: usize) -> Vec<Tensor> {
+    let row = RowInputs { tensors: Vec::new(), start: true, end: true, id: None };
+    let shape = |t: &Tensor| if policy.batch_dimension { vec![rows as i64, 1] } else { t.shape.clone() };
+    for c in &policy.controls {
+        let mut one = control(c, &row, policy.batch_dimension);
+        if c.signal == Signal::Ready {
+            one.data = c.false_true[1].clone();
+        }
+        let data = one.data.repeat(rows);
+        inputs.push(Tensor { shape: shape(&one), data, ..one });
+    }
+    for s in &policy.states {
+        let mut shape = s.initial.shape.clone();
+        if policy.batch_dimension {
+            shape[0] = rows as i64;
+        }
+        inputs.push(Tensor { shape, data: s.initial.data.repeat(rows), ..s.initial.clone() });
+    }
+    inputs
+}
+
 /// One row's answer: the outputs a client sees, and the next state (named
 /// as the state inputs).
 pub type RowAnswer = (Vec<Tensor>, Vec<Tensor>);
