@@ -82,17 +82,10 @@ impl Scheduler {
             policy,
             metrics,
         });
-        let workers = instances
-            .into_iter()
-            .enumerate()
-            .map(|(i, instance)| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("plinth-{model}-{i}"))
-                    .spawn(move || shared.work(&*instance))
-                    .expect("the OS can start a thread")
-            })
-            .collect();
+        let workers = spawn_workers(model, instances, {
+            let shared = shared.clone();
+            move |_, instance| shared.work(instance)
+        });
         Scheduler { shared, workers }
     }
 
@@ -344,16 +337,37 @@ impl Shared {
         let result = result.and_then(|outputs| split(outputs).map_err(BackendError::Failed));
         let compute = Compute { input: gathered, infer, output: started.elapsed() - infer };
         self.metrics.executed(rows, compute, result.is_ok());
-        result.map(|per_request| (per_request, compute)).map_err(|e| self.error(e))
+        result.map(|per_request| (per_request, compute)).map_err(|e| model_error(&self.model, e))
     }
+}
 
-    fn error(&self, e: BackendError) -> Error {
-        match e {
-            BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
-            BackendError::Unavailable(m) => Error::Unavailable(format!("model '{}': {m}", self.model)),
-            BackendError::BadGateway(m) => Error::BadGateway(format!("model '{}': {m}", self.model)),
-            BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
-        }
+/// One thread per instance, named `plinth-{name}-{i}`, running
+/// `work(i, instance)`.
+fn spawn_workers<F>(name: &str, instances: Vec<Arc<dyn Backend>>, work: F) -> Vec<JoinHandle<()>>
+where
+    F: Fn(usize, &dyn Backend) + Clone + Send + 'static,
+{
+    instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, instance)| {
+            let work = work.clone();
+            std::thread::Builder::new()
+                .name(format!("plinth-{name}-{i}"))
+                .spawn(move || work(i, &*instance))
+                .expect("the OS can start a thread")
+        })
+        .collect()
+}
+
+/// A backend's error as the request's, of the same class, naming `model`.
+fn model_error(model: &str, e: BackendError) -> Error {
+    let named = |m: String| format!("model '{model}': {m}");
+    match e {
+        BackendError::InvalidInput(m) => Error::InvalidArgument(named(m)),
+        BackendError::Unavailable(m) => Error::Unavailable(named(m)),
+        BackendError::BadGateway(m) => Error::BadGateway(named(m)),
+        BackendError::Failed(m) => Error::Internal(named(m)),
     }
 }
 

@@ -203,34 +203,11 @@ impl SequenceScheduler {
         instances: Vec<Arc<dyn Backend>>,
         metrics: ModelMetrics,
     ) -> SequenceScheduler {
-        let slots = policy.slots_per_instance();
-        let shared = Arc::new(Shared {
-            model: model.to_owned(),
-            state: Mutex::new(State {
-                sequences: HashMap::new(),
-                slots: vec![vec![None; slots]; instances.len()],
-                backlog: VecDeque::new(),
-                released: VecDeque::new(),
-                next_serial: 0,
-                next_job: 0,
-                closed: false,
-            }),
-            wake: Condvar::new(),
-            initial: policy.states.iter().map(|s| s.initial.clone()).collect(),
-            policy,
-            metrics,
+        let shared = Arc::new(Shared::new(model, policy, instances.len(), metrics));
+        let workers = super::spawn_workers(&format!("{model}-seq"), instances, {
+            let shared = shared.clone();
+            move |i, instance| shared.work(i, instance)
         });
-        let workers = instances
-            .into_iter()
-            .enumerate()
-            .map(|(i, instance)| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("plinth-{model}-seq-{i}"))
-                    .spawn(move || shared.work(i, &*instance))
-                    .expect("the OS can start a thread")
-            })
-            .collect();
         SequenceScheduler { shared, workers }
     }
 
@@ -338,6 +315,28 @@ impl Drop for Waiting<'_> {
 }
 
 impl Shared {
+    /// The shared state of a model with `instances` instances, no sequence
+    /// open yet.
+    fn new(model: &str, policy: SequencePolicy, instances: usize, metrics: ModelMetrics) -> Shared {
+        let slots = policy.slots_per_instance();
+        Shared {
+            model: model.to_owned(),
+            state: Mutex::new(State {
+                sequences: HashMap::new(),
+                slots: vec![vec![None; slots]; instances],
+                backlog: VecDeque::new(),
+                released: VecDeque::new(),
+                next_serial: 0,
+                next_job: 0,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            initial: policy.states.iter().map(|s| s.initial.clone()).collect(),
+            policy,
+            metrics,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -584,51 +583,43 @@ impl Shared {
             if direct { ready.iter().map(|(j, _)| *j).collect() } else { by_age.iter().map(|(j, _)| *j).collect() };
         // The oldest ready request sets the shape the execution's rows
         // share, so that no slot waits behind others of another shape.
-        let key = self.row_key(state, i, by_age[0].0);
-        Ok(self.take_rows(state, i, &order, direct, key))
+        let key = self.row_key(state, i, by_age[0].0).ok_or(None)?;
+        Ok(self.take_rows(state, i, &order, direct, &key))
     }
 
     /// The shape key of the front request of slot `j` of instance `i`.
     fn row_key(&self, state: &State, i: usize, j: usize) -> Option<rows::RowKey> {
         let s = state.sequences.get(state.slots[i][j].as_ref()?)?;
         let front = s.queue.front()?;
-        let states = match (&s.states, front.start) {
-            (Some(states), false) => states.as_slice(),
-            _ => self.initial.as_slice(),
-        };
-        Some(rows::key(&front.inputs, states))
+        Some(rows::key(&front.inputs, self.states_for(s, front.start)))
+    }
+
+    /// The state tensors a request of `s` runs with: the initial state for
+    /// a START (or before any state), else the sequence's.
+    fn states_for<'a>(&'a self, s: &'a Sequence, start: bool) -> &'a [Tensor] {
+        match (&s.states, start) {
+            (Some(states), false) => states,
+            _ => &self.initial,
+        }
     }
 
     /// Takes the front request of the sequences in `slots` (in that order)
-    /// whose shape key is `key`: with `direct`, each at its slot's row, idle
+    /// whose shape key is `key` (the first is always one of them): with `direct`, each at its slot's row, idle
     /// rows below the highest one padding.
-    fn take_rows(
-        &self,
-        state: &mut State,
-        i: usize,
-        slots: &[usize],
-        direct: bool,
-        key: Option<rows::RowKey>,
-    ) -> Vec<Row> {
+    fn take_rows(&self, state: &mut State, i: usize, slots: &[usize], direct: bool, key: &rows::RowKey) -> Vec<Row> {
         let limit = if direct { usize::MAX } else { self.policy.max_batch_size };
         let mut taken: Vec<(usize, Row)> = Vec::new();
-        let mut key = key;
         for &j in slots {
             if taken.len() == limit {
                 break;
             }
+            if self.row_key(state, i, j).as_ref() != Some(key) {
+                continue;
+            }
             let Some(id) = state.slots[i][j].clone() else { continue };
             let Some(s) = state.sequences.get_mut(&id) else { continue };
             let Some(front) = s.queue.front() else { continue };
-            let states = match (&s.states, front.start) {
-                (Some(states), false) => states.as_slice(),
-                _ => self.initial.as_slice(),
-            };
-            let row_key = rows::key(&front.inputs, states);
-            if *key.get_or_insert_with(|| row_key.clone()) != row_key {
-                continue;
-            }
-            let states = states.to_vec();
+            let states = self.states_for(s, front.start).to_vec();
             let mut job = s.queue.pop_front().expect("checked above");
             s.running = true;
             if job.start {
@@ -683,7 +674,7 @@ impl Shared {
         self.metrics.executed_padded(rows.len(), requests, compute, result.is_ok());
         let answers = match result {
             Ok(per_row) => per_row.into_iter().map(Ok).collect(),
-            Err(e) => vec![Err(self.error(e)); rows.len()],
+            Err(e) => vec![Err(super::model_error(&self.model, e)); rows.len()],
         };
         let mut state = self.lock();
         for (row, answer) in rows.into_iter().zip(answers) {
@@ -720,15 +711,6 @@ impl Shared {
             s.states = None;
         } else if s.closing && s.queue.is_empty() {
             self.end(state, id, SequenceEnd::End);
-        }
-    }
-
-    fn error(&self, e: BackendError) -> Error {
-        match e {
-            BackendError::InvalidInput(m) => Error::InvalidArgument(format!("model '{}': {m}", self.model)),
-            BackendError::Unavailable(m) => Error::Unavailable(format!("model '{}': {m}", self.model)),
-            BackendError::BadGateway(m) => Error::BadGateway(format!("model '{}': {m}", self.model)),
-            BackendError::Failed(m) => Error::Internal(format!("model '{}': {m}", self.model)),
         }
     }
 }

@@ -256,22 +256,7 @@ fn a_string_id_or_a_wide_id_is_refused_by_an_integer_corrid_control() {
     let text = "max_batch_size: 1 sequence_batching { control_input [ { name: \"C\" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT32 } ] } ] }";
     let config = crate::config::parse(text).unwrap();
     let policy = SequencePolicy::from_config(&config, Path::new("/nonexistent")).unwrap().unwrap();
-    let shared = Shared {
-        model: "m".into(),
-        initial: Vec::new(),
-        state: Mutex::new(State {
-            sequences: HashMap::new(),
-            slots: vec![vec![None]],
-            backlog: VecDeque::new(),
-            released: VecDeque::new(),
-            next_serial: 0,
-            next_job: 0,
-            closed: false,
-        }),
-        wake: Condvar::new(),
-        policy,
-        metrics: Metrics::new().for_model("m", 1),
-    };
+    let shared = Shared::new("m", policy, 1, Metrics::new().for_model("m", 1));
     let request = |id| SequenceRequest { id, start: true, end: false, owner: None };
     let input = [int_tensor("INPUT", &[1])];
     let e = shared.check_request(&input, &request(CorrelationId::Text("a".into()))).unwrap_err().to_string();
