@@ -130,13 +130,15 @@ impl Core {
         self.records.lock().expect("records lock").keys().cloned().collect()
     }
 
-    /// Forgets the record of `name` unless someone else holds or waits for
-    /// it (`record` is the caller's own handle).
+    /// Forgets the record of `name`, and its per-model metric series,
+    /// unless someone else holds or waits for it (`record` is the caller's
+    /// own handle).
     pub(super) fn forget_record(&self, name: &str, record: &Arc<tokio::sync::Mutex<ModelRecord>>) {
         let mut records = self.records.lock().expect("records lock");
         // Only the caller holds it besides the map: nothing waits on it.
         if Arc::strong_count(record) == 2 {
             records.remove(name);
+            self.metrics.residency.forget(name);
         }
     }
 

@@ -7,11 +7,22 @@
 //! Every family is registered here, in one group per concern, and every
 //! value is recorded through the handles this module gives out
 //! ([`ModelMetrics`], [`PluginMetrics`], [`ResidencyMetrics`]).
+//!
+//! A model version's series live as long as a handle of that version does:
+//! once the last [`ModelMetrics`] or [`PluginMetrics`] of a version is
+//! dropped (the version was unloaded, replaced or failed to load, and its
+//! last request finished), its series leave `/metrics`, as Triton drops a
+//! model's metrics when it unloads it. Without that, every version ever
+//! loaded would keep its series, and each version rolled out would make
+//! every scrape longer.
 
 mod model;
 mod plugin;
 mod residency;
 mod system;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
@@ -31,11 +42,61 @@ pub struct Metrics {
     /// Residency and load counts (`plinth_residency_*`, `plinth_model_*`,
     /// `plinth_memory_*`).
     pub residency: ResidencyMetrics,
+    versions: Arc<Versions>,
+    system: system::SystemMetrics,
+}
+
+/// The per-version families, and how many handles hold each version's
+/// series.
+struct Versions {
     /// `nv_model_load_duration_secs`: how long each version's load took.
     load_seconds: GaugeVec,
     inference: model::Families,
     plugins: plugin::Families,
-    system: system::SystemMetrics,
+    /// The handles ([`Lease`]s) of each (model, version) now.
+    leases: Mutex<HashMap<[String; 2], usize>>,
+}
+
+impl Versions {
+    /// A hold on the series of `model`'s version `version`.
+    fn lease(self: &Arc<Versions>, model: &str, version: u64) -> Arc<Lease> {
+        let labels = [model.to_owned(), version.to_string()];
+        *self.leases().entry(labels.clone()).or_default() += 1;
+        Arc::new(Lease { versions: self.clone(), labels })
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<[String; 2], usize>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets go of one hold on `labels`; the last one removes their series
+    /// (under the lock, so a new hold taken meanwhile creates them anew).
+    fn release(&self, labels: &[String; 2]) {
+        let mut leases = self.leases();
+        let Some(count) = leases.get_mut(labels) else { return };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        leases.remove(labels);
+        let labels = [labels[0].as_str(), labels[1].as_str()];
+        let _ = self.load_seconds.remove_label_values(&labels);
+        self.inference.remove(&labels);
+        self.plugins.remove(&labels);
+    }
+}
+
+/// One handle's hold on its version's series, shared by the handle's
+/// clones; dropping the last hold of a version removes its series.
+struct Lease {
+    versions: Arc<Versions>,
+    labels: [String; 2],
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.versions.release(&self.labels);
+    }
 }
 
 /// Registers `collector` with `registry` and returns it.
@@ -53,29 +114,43 @@ impl Metrics {
             MODEL_LABELS,
         )
         .expect("valid metric");
-        Metrics {
-            residency: ResidencyMetrics::register(&registry),
+        let versions = Versions {
             load_seconds: register(&registry, load_seconds),
             inference: model::Families::register(&registry),
             plugins: plugin::Families::register(&registry),
+            leases: Mutex::default(),
+        };
+        Metrics {
+            residency: ResidencyMetrics::register(&registry),
+            versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             registry,
         }
     }
 
-    /// The inference metrics of version `version` of model `model`.
+    /// The inference metrics of version `version` of model `model`. The
+    /// version's series stay until the last handle of it is dropped.
     pub fn for_model(&self, model: &str, version: u64) -> ModelMetrics {
-        self.inference.for_model(model, version)
+        let lease = self.versions.lease(model, version);
+        self.versions.inference.for_model(model, version, lease)
     }
 
-    /// The plugin metrics of version `version` of model `model`.
+    /// The plugin metrics of version `version` of model `model`. The
+    /// version's series stay until the last handle of it is dropped.
     pub fn for_plugin(&self, model: &str, version: u64) -> PluginMetrics {
-        self.plugins.for_model(model, version)
+        let lease = self.versions.lease(model, version);
+        self.versions.plugins.for_model(model, version, lease)
     }
 
-    /// Records how long a version's load took (`nv_model_load_duration_secs`).
+    /// Records how long a version's load took (`nv_model_load_duration_secs`),
+    /// while a handle of the version holds its series (a version without one
+    /// has no series to add it to).
     pub fn load_duration(&self, model: &str, version: u64, seconds: f64) {
-        self.load_seconds.with_label_values(&[model, &version.to_string()]).set(seconds);
+        let labels = [model.to_owned(), version.to_string()];
+        let leases = self.versions.leases();
+        if leases.contains_key(&labels) {
+            self.versions.load_seconds.with_label_values(&[model, &labels[1]]).set(seconds);
+        }
     }
 
     /// The text exposition of every metric, with the CPU and memory gauges
@@ -126,6 +201,55 @@ mod tests {
         assert_eq!(stats["inference_stats"]["fail"]["count"], 1);
         assert_eq!(stats["batch_stats"][0]["batch_size"], 4);
         assert_eq!(stats["batch_stats"][0]["compute_infer"]["ns"], 300_000);
+    }
+
+    #[test]
+    fn a_versions_series_leave_with_its_last_handle() {
+        let m = Metrics::new();
+        let first = m.for_model("a", 1);
+        let plugin = m.for_plugin("a", 1);
+        let other = m.for_model("b", 1);
+        let record = |model: &ModelMetrics, plugin: &PluginMetrics| {
+            model.executed(1, Compute::default(), true);
+            model.queued(Duration::from_micros(3));
+            model.finished(Ok(()), Duration::from_micros(5));
+            for reason in FailureReason::ALL {
+                model.finished(Err(reason), Duration::from_micros(5));
+            }
+            for reason in SequenceEnd::ALL {
+                model.sequence_ended(reason);
+            }
+            model.cache_hit(Duration::from_micros(1));
+            model.cache_miss(Duration::from_micros(1));
+            model.pending().inc();
+            model.sequences_active().inc();
+            for stage in PluginStage::ALL {
+                plugin.called(stage, Duration::from_micros(2), false);
+            }
+            plugin.started();
+            plugin.trapped();
+        };
+        record(&first, &plugin);
+        m.load_duration("a", 1, 0.5);
+        // A second load of the same version (a reload beside it) shares them.
+        let second = m.for_model("a", 1);
+        drop((first, plugin));
+        assert!(m.render().contains("nv_inference_request_success{model=\"a\",version=\"1\"} 1"));
+        drop(second.clone());
+        assert!(m.render().contains("nv_model_load_duration_secs{model=\"a\",version=\"1\"} 0.5"));
+        drop(second);
+        let text = m.render();
+        assert!(!text.contains("model=\"a\""), "every series of a/1 is gone: {text}");
+        assert!(text.contains("nv_inference_request_success{model=\"b\",version=\"1\"} 0"), "{text}");
+        // Loaded again, it starts from zero; a load duration without a
+        // handle adds nothing.
+        m.load_duration("a", 2, 0.5);
+        let again = m.for_model("a", 1);
+        let text = m.render();
+        assert!(text.contains("nv_inference_request_success{model=\"a\",version=\"1\"} 0"), "{text}");
+        assert!(!text.contains("version=\"2\""), "{text}");
+        drop((again, other));
+        assert!(!m.render().contains("model="));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use prometheus::{
 };
 use serde::Serialize;
 
-use super::{MODEL_LABELS, register};
+use super::{Lease, MODEL_LABELS, register};
 use crate::error::Error;
 
 /// Why a request failed, as Triton labels `nv_inference_request_failure`
@@ -30,6 +30,10 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    /// Every reason.
+    pub const ALL: [FailureReason; 4] =
+        [FailureReason::Rejected, FailureReason::Canceled, FailureReason::Backend, FailureReason::Other];
+
     /// The `reason` label.
     pub fn label(self) -> &'static str {
         match self {
@@ -89,6 +93,9 @@ pub enum SequenceEnd {
 }
 
 impl SequenceEnd {
+    /// Every reason.
+    pub const ALL: [SequenceEnd; 3] = [SequenceEnd::End, SequenceEnd::Idle, SequenceEnd::Cancelled];
+
     /// The `reason` label.
     pub fn label(self) -> &'static str {
         match self {
@@ -172,7 +179,7 @@ impl Families {
         }
     }
 
-    pub(super) fn for_model(&self, model: &str, version: u64) -> ModelMetrics {
+    pub(super) fn for_model(&self, model: &str, version: u64, lease: Arc<Lease>) -> ModelMetrics {
         let version = version.to_string();
         let labels = [model, version.as_str()];
         let series = Series {
@@ -194,7 +201,36 @@ impl Families {
             sequences_active: self.sequences_active.with_label_values(&labels),
             sequences_ended: self.sequences_ended.clone(),
         };
-        ModelMetrics { labels: [model.to_owned(), version], series, statistics: Arc::default() }
+        ModelMetrics { labels: [model.to_owned(), version], series, statistics: Arc::default(), _lease: lease }
+    }
+
+    /// Removes every series of the version `labels` names (model, version).
+    pub(super) fn remove(&self, labels: &[&str; 2]) {
+        for family in [
+            &self.success,
+            &self.inference_count,
+            &self.exec_count,
+            &self.request_us,
+            &self.queue_us,
+            &self.compute_input_us,
+            &self.compute_infer_us,
+            &self.compute_output_us,
+            &self.cache_hits,
+            &self.cache_misses,
+            &self.cache_hit_us,
+            &self.cache_miss_us,
+        ] {
+            let _ = family.remove_label_values(labels);
+        }
+        let _ = self.pending.remove_label_values(labels);
+        let _ = self.sequences_active.remove_label_values(labels);
+        let _ = self.request_seconds.remove_label_values(labels);
+        for reason in FailureReason::ALL {
+            let _ = self.failure.remove_label_values(&[labels[0], labels[1], reason.label()]);
+        }
+        for reason in SequenceEnd::ALL {
+            let _ = self.sequences_ended.remove_label_values(&[labels[0], labels[1], reason.label()]);
+        }
     }
 }
 
@@ -237,6 +273,8 @@ pub struct ModelMetrics {
     labels: [String; 2],
     series: Series,
     statistics: Arc<Mutex<Statistics>>,
+    /// Keeps the version's series while this handle (or a clone) exists.
+    _lease: Arc<Lease>,
 }
 
 impl ModelMetrics {

@@ -1,11 +1,12 @@
 //! Plinth's plugin families: time and failures of each plugin call by stage,
 //! instances started and calls that trapped, per model version.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-use super::{MODEL_LABELS, register};
+use super::{Lease, MODEL_LABELS, register};
 
 /// The plugin export a call ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +18,9 @@ pub enum PluginStage {
 }
 
 impl PluginStage {
+    /// Both stages.
+    pub const ALL: [PluginStage; 2] = [PluginStage::Preprocess, PluginStage::Postprocess];
+
     /// The `stage` label (and the export's name).
     pub fn label(self) -> &'static str {
         match self {
@@ -64,7 +68,7 @@ impl Families {
         }
     }
 
-    pub(super) fn for_model(&self, model: &str, version: u64) -> PluginMetrics {
+    pub(super) fn for_model(&self, model: &str, version: u64, lease: Arc<Lease>) -> PluginMetrics {
         let version = version.to_string();
         let labels = [model, version.as_str()];
         PluginMetrics {
@@ -73,6 +77,18 @@ impl Families {
             failures: self.failures.clone(),
             starts: self.starts.with_label_values(&labels),
             traps: self.traps.with_label_values(&labels),
+            _lease: lease,
+        }
+    }
+
+    /// Removes every series of the version `labels` names (model, version).
+    pub(super) fn remove(&self, labels: &[&str; 2]) {
+        let _ = self.starts.remove_label_values(labels);
+        let _ = self.traps.remove_label_values(labels);
+        for stage in PluginStage::ALL {
+            let staged = [labels[0], labels[1], stage.label()];
+            let _ = self.duration_us.remove_label_values(&staged);
+            let _ = self.failures.remove_label_values(&staged);
         }
     }
 }
@@ -85,6 +101,8 @@ pub struct PluginMetrics {
     failures: IntCounterVec,
     starts: IntCounter,
     traps: IntCounter,
+    /// Keeps the version's series while this handle (or a clone) exists.
+    _lease: Arc<Lease>,
 }
 
 impl PluginMetrics {

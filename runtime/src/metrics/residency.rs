@@ -50,4 +50,13 @@ impl ResidencyMetrics {
             loads_in_progress: gauge("plinth_model_loads_in_progress", "Model loads running now"),
         }
     }
+
+    /// Removes the series of model `name`: its loads, evictions and
+    /// footprint. For a model that is forgotten, not merely unloaded (a
+    /// ModelMesh model id, which comes back, if ever, as a new model).
+    pub fn forget(&self, name: &str) {
+        let _ = self.loads.remove_label_values(&[name]);
+        let _ = self.evictions.remove_label_values(&[name]);
+        let _ = self.resident_bytes.remove_label_values(&[name]);
+    }
 }
