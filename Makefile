@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test bench bench-peers dist
+.PHONY: setup serve test bench bench-peers soak dist
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 # torch-sys links the slim libtorch that scripts/setup.sh unzips.
@@ -38,6 +38,16 @@ bench: setup
 	.venv/bin/python bench/vad_stream.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
+
+# Soak and chaos (bench/): memory over unload/load cycles under traffic, 500
+# version reloads, a load/unload storm under traffic, kill -9 during loads
+# and a restart, model files lost while serving. Each prints its figures.
+soak: setup
+	.venv/bin/python bench/memory_churn.py
+	.venv/bin/python bench/soak.py
+	.venv/bin/python bench/storm.py
+	.venv/bin/python bench/kill_restart.py
+	.venv/bin/python bench/file_loss.py
 
 # Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
 bench-peers: setup
