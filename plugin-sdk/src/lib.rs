@@ -70,9 +70,10 @@
 //! model's plugin and model. Both go through the server's scheduler like a
 //! client's request, and their failures come back as [`Error`] values.
 //!
-//! The plugin contract is `plinth:plugin@0.2.0` (`wit/v0.2/plugin.wit`); this
+//! The plugin contract is `plinth:plugin@0.3.0` (`wit/v0.3/plugin.wit`); this
 //! crate hides the binding generator so a plugin depends on this crate alone.
-//! Hosts that run 0.2 also run plugins built against 0.1.
+//! Hosts that run 0.3 also run plugins built against 0.2 and 0.1, whose
+//! errors have only the `bad-input` and `internal` classes.
 
 #![warn(missing_docs)]
 
@@ -83,7 +84,7 @@ extern crate self as plinth_plugin_sdk;
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.2",
+        path: "../wit/v0.3",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin_world",
@@ -96,7 +97,9 @@ pub mod bindings {
 pub mod imaging;
 mod tensor;
 
-pub use bindings::plinth::plugin::types::{Datatype, Error, ModelInfo, Request, Response, Tensor, TensorSpec};
+pub use bindings::plinth::plugin::types::{
+    Datatype, Error, ModelInfo, Overload, Request, Response, Tensor, TensorSpec,
+};
 pub use tensor::Element;
 
 /// Runs version `version` of `model` (the server's choice when `None`) on
@@ -105,9 +108,13 @@ pub use tensor::Element;
 /// The model's plugin, if any, does not run.
 ///
 /// # Errors
-/// The callee's failure as a value: [`Error::BadInput`] when it refuses the
-/// tensors (unknown input, wrong datatype or shape), [`Error::Internal`]
-/// when it is unknown, not ready, overloaded or fails.
+/// The callee's failure as a value, of its class: [`Error::BadInput`] when
+/// it refuses the tensors (unknown input, wrong datatype or shape),
+/// [`Error::NotFound`] when there is no such model or version,
+/// [`Error::Unavailable`] when it is not READY (loading, unloaded),
+/// [`Error::Overloaded`] with the callee's retry hint when its queue is
+/// full, [`Error::Internal`] when it fails. Returning the error unchanged
+/// (`?`) gives the client the callee's status and `Retry-After`.
 pub fn infer(model: &str, version: Option<u64>, inputs: &[Tensor], outputs: &[&str]) -> Result<Vec<Tensor>, Error> {
     let outputs: Vec<String> = outputs.iter().map(|&o| o.to_owned()).collect();
     bindings::plinth::plugin::inference::infer(model, version, inputs, &outputs)
@@ -169,6 +176,23 @@ impl Error {
     /// A failure of the plugin or model, not the client's fault: HTTP 500.
     pub fn internal(msg: impl Into<String>) -> Self {
         Error::Internal(msg.into())
+    }
+
+    /// Something the plugin needs cannot serve now; the client may retry:
+    /// HTTP 503.
+    pub fn unavailable(msg: impl Into<String>) -> Self {
+        Error::Unavailable(msg.into())
+    }
+
+    /// Something the plugin needs is busy; the client should retry after
+    /// `retry_after_secs` seconds: HTTP 503 with `Retry-After`.
+    pub fn overloaded(msg: impl Into<String>, retry_after_secs: u32) -> Self {
+        Error::Overloaded(Overload { message: msg.into(), retry_after_secs })
+    }
+
+    /// A model or version the request names does not exist: HTTP 404.
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        Error::NotFound(msg.into())
     }
 }
 

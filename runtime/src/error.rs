@@ -24,7 +24,7 @@ pub enum Error {
     /// The model's queue is full or the request's queue timeout expired
     /// (HTTP 503 with `Retry-After`); the client may retry later.
     #[error("{0}")]
-    Overloaded(String),
+    Overloaded(Overload),
     /// A remote server that a model is delegated to answered with a failure
     /// or a malformed response (HTTP 502).
     #[error("{0}")]
@@ -36,6 +36,56 @@ pub enum Error {
     /// UNIMPLEMENTED).
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl Error {
+    /// The same error with its message put through `f` (to add context).
+    pub fn map_message(self, f: impl FnOnce(String) -> String) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(f(m)),
+            Error::NotFound(m) => Error::NotFound(f(m)),
+            Error::AlreadyExists(m) => Error::AlreadyExists(f(m)),
+            Error::Unavailable(m) => Error::Unavailable(f(m)),
+            Error::Overloaded(o) => Error::Overloaded(o.map_message(f)),
+            Error::BadGateway(m) => Error::BadGateway(f(m)),
+            Error::Internal(m) => Error::Internal(f(m)),
+            Error::Unsupported(m) => Error::Unsupported(f(m)),
+        }
+    }
+}
+
+/// A refusal because something is busy: what, and when to try again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overload {
+    /// What is full or timed out, for the client.
+    pub message: String,
+    /// Seconds a client should wait before retrying (HTTP `Retry-After`,
+    /// RFC 9110 §10.2.3): the host's [`Overload::RETRY_AFTER_SECS`], or
+    /// what a plugin passed on.
+    pub retry_after_secs: u32,
+}
+
+impl Overload {
+    /// The host's hint for a full queue or an expired queue timeout:
+    /// queues drain in milliseconds, so one second (the header's unit) is
+    /// the shortest honest hint; clients add their own jittered backoff.
+    pub const RETRY_AFTER_SECS: u32 = 1;
+
+    /// An overload with the host's retry hint.
+    pub fn new(message: impl Into<String>) -> Overload {
+        Overload { message: message.into(), retry_after_secs: Overload::RETRY_AFTER_SECS }
+    }
+
+    /// The same overload with its message put through `f`.
+    pub fn map_message(self, f: impl FnOnce(String) -> String) -> Overload {
+        Overload { message: f(self.message), ..self }
+    }
+}
+
+impl std::fmt::Display for Overload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// Why a model (or one of its versions) did not load. The message names the

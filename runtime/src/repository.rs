@@ -68,10 +68,15 @@ pub fn versions(model: &ModelDir) -> Vec<u64> {
     versions
 }
 
-/// The subfolders of a model folder that are not version numbers (and not
-/// hidden): they are ignored, and loading logs them.
+/// Folders of a model folder that hold data, not a version: warm-up samples
+/// (`model_warmup`'s `input_data_file`, `plugin.warmup`) and a sequence
+/// model's `initial_state` files, as Triton lays them out.
+pub const DATA_FOLDERS: [&str; 2] = ["warmup", "initial_state"];
+
+/// The subfolders of a model folder that are neither version numbers nor
+/// [`DATA_FOLDERS`] (nor hidden): they are ignored, and loading logs them.
 pub fn ignored_folders(model: &ModelDir) -> Vec<String> {
-    subfolders(model).1
+    subfolders(model).1.into_iter().filter(|f| !DATA_FOLDERS.contains(&f.as_str())).collect()
 }
 
 /// A version number as a folder or URL names it: decimal digits without a

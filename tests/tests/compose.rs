@@ -1,4 +1,4 @@
-//! Composition from plugins (`plinth:plugin/inference`, WIT 0.2) and the
+//! Composition from plugins (`plinth:plugin/inference`, WIT 0.2 and 0.3) and the
 //! versioned contract, end to end: a plugin runs another model's plugin and
 //! model and its own model again; a call that would close a cycle or go too
 //! deep fails only that request, with the path in the error; a callee's
@@ -82,7 +82,7 @@ fn cycles_and_runaway_depth_fail_that_request_only() {
     assert_eq!(predict(&server, "m0", &shallow).0, 200, "eight plugins deep is allowed");
 
     let (status, body) = predict(&server, "m0", "call:absent");
-    assert_eq!(status, 500, "{body}");
+    assert_eq!(status, 404, "passed on unchanged, the callee's error keeps its class: {body}");
     assert!(error(&body).contains("model 'absent'"), "the callee's error reaches the caller: {body}");
     let (status, body) = predict(&server, "m0", "call:m1/bad");
     assert_eq!(status, 400, "the callee's bad-input stays bad input: {body}");

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use plinth_tests::{Server, add_faulty_model, copy_example_model, example_repository, fixture};
+use plinth_tests::{Server, add_faulty_model, copy_dir, copy_example_model, example_repository, fixture};
 use serde_json::{Value, json};
 
 fn error_of(body: &Value) -> &str {
@@ -290,4 +290,58 @@ fn a_body_over_the_limit_gets_413() {
     assert_eq!(status, 413, "{body}");
     let (status, _) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", vec![0; 100]);
     assert_eq!(status, 400, "small bodies still pass");
+}
+
+#[test]
+fn a_plugin_that_fails_its_warm_up_sample_never_makes_its_model_ready() {
+    let repo = tempfile::tempdir().unwrap();
+    repository_with_faulty_plugin(repo.path());
+    // The same plugin twice: `faulty` warms up with a body that traps in
+    // preprocess, `faulty_ok` with one it answers.
+    copy_dir(&repo.path().join("faulty"), &repo.path().join("faulty_ok"));
+    for (model, body) in [("faulty", "trap"), ("faulty_ok", "ok")] {
+        let dir = repo.path().join(model);
+        std::fs::create_dir_all(dir.join("warmup")).unwrap();
+        std::fs::write(dir.join("warmup/sample.txt"), body).unwrap();
+        let config = dir.join("config.pbtxt");
+        let sample = r#"
+            parameters { key: "plugin.warmup" value: { string_value: "sample.txt" } }
+            parameters { key: "plugin.warmup_content_type" value: { string_value: "text/plain" } }"#;
+        std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + sample).unwrap();
+    }
+    let server = Server::start(repo.path(), &["--strict-readiness", "true"]);
+
+    let (status, body) = server.get("/v2/models/faulty/ready");
+    assert_eq!(status, 503, "READY although every request would fail: {body}");
+    let (_, index) = server.post_json("/v2/repository/index", &json!({}));
+    let faulty = index.as_array().unwrap().iter().find(|m| m["name"] == "faulty").unwrap();
+    let reason = faulty["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("plugin warm-up sample 'sample.txt' failed") && reason.contains("deliberate trap"),
+        "{reason}"
+    );
+    assert_eq!(server.get("/v2/health/ready").0, 503, "strict readiness counts the failed model");
+    assert_eq!(server.get("/v2/models/faulty_ok/ready").0, 200);
+    let warmed = |family: &str| server.metric(&format!("{family}{{model=\"faulty_ok\",version=\"1\"}}"));
+    assert_eq!(warmed("nv_inference_request_success"), 1.0, "the sample ran through the model");
+    assert_still_serving(&server);
+}
+
+#[test]
+fn consecutive_plugin_failures_are_counted_until_a_call_succeeds() {
+    let repo = tempfile::tempdir().unwrap();
+    repository_with_faulty_plugin(repo.path());
+    let server = Server::start(repo.path(), &[]);
+    let failures = || server.metric("plinth_plugin_consecutive_failures{model=\"faulty\",version=\"1\"}");
+    let post = |body: &str| server.post_bytes("/v2/models/faulty/predict", "text/plain", body.as_bytes().to_vec()).0;
+    assert_eq!(failures(), 0.0);
+    for n in 1..=3 {
+        assert_eq!(post("trap"), 500);
+        assert_eq!(failures(), f64::from(n));
+    }
+    assert_eq!(post("bad"), 400);
+    assert_eq!(failures(), 0.0, "a refused request is a call that did not fail");
+    assert_eq!(post("trap"), 500);
+    assert_eq!(post("ok"), 200);
+    assert_eq!(failures(), 0.0);
 }

@@ -49,7 +49,7 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
     assert!(status.success(), "the new crate does not build");
     let wasm = target.join("wasm32-wasip2/release/doubler_io.wasm");
     let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
-    assert!(ok && text.contains("built against plinth:plugin@0.2.0; this host runs it"), "{text}");
+    assert!(ok && text.contains("built against plinth:plugin@0.3.0; this host runs it"), "{text}");
 
     let (_repo, server) = serve_doubler(&wasm);
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1, 2, 3, 4] }));

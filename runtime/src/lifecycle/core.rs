@@ -11,6 +11,7 @@ use super::LoadLimits;
 use super::ensemble::{self, StepLabels};
 use super::loader::Loader;
 use super::request::LoadRequest;
+use super::runner::WarmUpRunner;
 use crate::config::{self, ModelConfig, Signature};
 use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
@@ -318,7 +319,13 @@ impl Core {
         self.metrics.residency.loads_in_progress.dec();
         let (mut model, bytes) = result??;
         model.inherit_labels(step_labels.clone());
-        Ok((Arc::new(model), bytes))
+        let model = Arc::new(model);
+        let runner = Arc::new(WarmUpRunner { model: model.clone(), registry: self.registry.clone() });
+        let samples = model.warm_up_plugin(runner).await.map_err(LoadError::Failed)?;
+        if samples > 0 {
+            tracing::info!(model = %model.name, version, samples, "load: plugin warm-up done");
+        }
+        Ok((model, bytes))
     }
 
     /// Unloads every version of `name`. Requests already accepted finish;

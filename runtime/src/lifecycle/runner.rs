@@ -1,15 +1,17 @@
 //! The lifecycle as the [`ModelRunner`] of plugins' composed calls: the
 //! callee is resolved as a client's request is (on-demand loading and
-//! residency apply) and runs through its own scheduler and plugin.
+//! residency apply) and runs through its own scheduler and plugin; and
+//! the [`WarmUpRunner`] of a plugin's warm-up samples.
 
 use std::sync::Arc;
 
 use super::Lifecycle;
 use crate::config::Signature;
 use crate::error::Error;
-use crate::model::OutputRequest;
+use crate::model::{Model, OutputRequest};
 use crate::plugin::compose::BoxFuture;
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
+use crate::registry::Registry;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::Tensor;
 
@@ -20,19 +22,11 @@ impl ModelRunner for Lifecycle {
         version: Option<u64>,
         inputs: Vec<Tensor>,
         outputs: Vec<String>,
-        mut options: RequestOptions,
+        options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
-            let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
-            let runner: Arc<dyn ModelRunner> = self;
-            // An ensemble's sequence reaches the steps that are sequence
-            // models (or ensembles); the others run as if it had none.
-            if !callee.takes_sequences() {
-                options.sequence = None;
-            }
-            let (outputs, _) = callee.infer(inputs, &requested, options, &runner).await?;
-            Ok(outputs)
+            infer_on(&callee, inputs, &outputs, options, self).await
         })
     }
 
@@ -49,9 +43,94 @@ impl ModelRunner for Lifecycle {
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
-            let context = CallContext { runner: self, chain, sequence: None };
-            let (response, _) = callee.predict_within(request, context).await?;
-            Ok(response)
+            predict_on(&callee, request, chain, self).await
         })
     }
+}
+
+/// The runner of a plugin's composed calls while its model warms up
+/// (`plugin.warmup`), before the version is READY: calls to the model
+/// itself reach the version warming up, calls to others reach their READY
+/// versions. Nothing loads on demand from a warm-up (the load in progress
+/// holds its model's record and a load permit), so a callee that is not
+/// READY answers UNAVAILABLE, and the warm-up stops at that call.
+pub(super) struct WarmUpRunner {
+    /// The version warming up.
+    pub(super) model: Arc<Model>,
+    /// Where the other models are.
+    pub(super) registry: Arc<Registry>,
+}
+
+impl WarmUpRunner {
+    fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<Model>, Error> {
+        if name == self.model.name && version.is_none_or(|v| v == self.model.version) {
+            Ok(self.model.clone())
+        } else {
+            self.registry.resolve(name, version)
+        }
+    }
+}
+
+impl ModelRunner for WarmUpRunner {
+    fn infer(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<Tensor>,
+        outputs: Vec<String>,
+        options: RequestOptions,
+    ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
+        Box::pin(async move {
+            let callee = self.resolve(&model, version)?;
+            infer_on(&callee, inputs, &outputs, options, self).await
+        })
+    }
+
+    fn signature(self: Arc<Self>, model: String, version: Option<u64>) -> BoxFuture<Result<Signature, Error>> {
+        Box::pin(async move { Ok(self.resolve(&model, version)?.signature.clone()) })
+    }
+
+    fn predict(
+        self: Arc<Self>,
+        model: String,
+        version: Option<u64>,
+        request: RawRequest,
+        chain: Vec<String>,
+    ) -> BoxFuture<Result<RawResponse, Error>> {
+        Box::pin(async move {
+            let callee = self.resolve(&model, version)?;
+            predict_on(&callee, request, chain, self).await
+        })
+    }
+}
+
+/// Runs a composed `infer` on `callee`, whose own composed calls go to
+/// `runner`.
+async fn infer_on(
+    callee: &Model,
+    inputs: Vec<Tensor>,
+    outputs: &[String],
+    mut options: RequestOptions,
+    runner: Arc<dyn ModelRunner>,
+) -> Result<Vec<Tensor>, Error> {
+    let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
+    // An ensemble's sequence reaches the steps that are sequence models
+    // (or ensembles); the others run as if it had none.
+    if !callee.takes_sequences() {
+        options.sequence = None;
+    }
+    let (outputs, _) = callee.infer(inputs, &requested, options, &runner).await?;
+    Ok(outputs)
+}
+
+/// Runs a composed `predict` on `callee` for the plugins in `chain`.
+async fn predict_on(
+    callee: &Model,
+    request: RawRequest,
+    chain: Vec<String>,
+    runner: Arc<dyn ModelRunner>,
+) -> Result<RawResponse, Error> {
+    let context = CallContext { runner, chain, sequence: None };
+    let (response, _) = callee.predict_within(request, context).await?;
+    Ok(response)
 }

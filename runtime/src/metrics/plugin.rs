@@ -1,10 +1,11 @@
 //! Plinth's plugin families: time and failures of each plugin call by stage,
-//! instances started and calls that trapped, per model version.
+//! instances started, calls that trapped and failures in a row, per model
+//! version.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::{Lease, MODEL_LABELS, register};
 
@@ -36,6 +37,7 @@ pub(super) struct Families {
     failures: IntCounterVec,
     starts: IntCounterVec,
     traps: IntCounterVec,
+    consecutive_failures: IntGaugeVec,
 }
 
 impl Families {
@@ -65,6 +67,18 @@ impl Families {
                 "Plugin calls that trapped (panicked, ran out of time or memory); the instance is replaced",
                 MODEL_LABELS,
             ),
+            consecutive_failures: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "plinth_plugin_consecutive_failures",
+                        "Plugin calls that failed in a row, either stage, since its last call that did not fail \
+                         (0 after any success; alert when it stays above 0)",
+                    ),
+                    MODEL_LABELS,
+                )
+                .expect("valid metric"),
+            ),
         }
     }
 
@@ -77,6 +91,7 @@ impl Families {
             failures: self.failures.clone(),
             starts: self.starts.with_label_values(&labels),
             traps: self.traps.with_label_values(&labels),
+            consecutive_failures: self.consecutive_failures.with_label_values(&labels),
             _lease: lease,
         }
     }
@@ -85,6 +100,7 @@ impl Families {
     pub(super) fn remove(&self, labels: &[&str; 2]) {
         let _ = self.starts.remove_label_values(labels);
         let _ = self.traps.remove_label_values(labels);
+        let _ = self.consecutive_failures.remove_label_values(labels);
         for stage in PluginStage::ALL {
             let staged = [labels[0], labels[1], stage.label()];
             let _ = self.duration_us.remove_label_values(&staged);
@@ -101,6 +117,7 @@ pub struct PluginMetrics {
     failures: IntCounterVec,
     starts: IntCounter,
     traps: IntCounter,
+    consecutive_failures: IntGauge,
     /// Keeps the version's series while this handle (or a clone) exists.
     _lease: Arc<Lease>,
 }
@@ -112,8 +129,11 @@ impl PluginMetrics {
     pub fn called(&self, stage: PluginStage, took: Duration, ok: bool) {
         let labels = [self.labels[0].as_str(), self.labels[1].as_str(), stage.label()];
         self.duration_us.with_label_values(&labels).inc_by(took.as_micros() as u64);
-        if !ok {
+        if ok {
+            self.consecutive_failures.set(0);
+        } else {
             self.failures.with_label_values(&labels).inc();
+            self.consecutive_failures.inc();
         }
     }
 

@@ -208,7 +208,7 @@ fn in_step(name: &str, i: usize, step: &Step, e: Error) -> Error {
         Error::NotFound(m) => Error::Unavailable(wrap(m)),
         Error::AlreadyExists(m) => Error::AlreadyExists(wrap(m)),
         Error::Unavailable(m) => Error::Unavailable(wrap(m)),
-        Error::Overloaded(m) => Error::Overloaded(wrap(m)),
+        Error::Overloaded(o) => Error::Overloaded(o.map_message(wrap)),
         Error::BadGateway(m) => Error::BadGateway(wrap(m)),
         Error::Internal(m) => Error::Internal(wrap(m)),
         Error::Unsupported(m) => Error::Unsupported(wrap(m)),

@@ -125,6 +125,8 @@ pub struct Model {
     /// The response cache, when the configuration enables it, and this
     /// load's owner number in it.
     cache: Option<(Arc<ResponseCache>, u64)>,
+    /// Raw requests the warm-up sends through the plugin (`plugin.warmup`).
+    plugin_samples: Vec<warmup::PluginSample>,
 }
 
 /// What runs a model's requests.
@@ -225,7 +227,14 @@ impl Model {
         let (inputs, outputs) = check::client_tensors(&scheduling, backend.inputs(), backend.outputs())?;
         check::complete_and_check(&mut signature, &inputs, &outputs)?;
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
-            None => None,
+            None => {
+                if let Some(key) = config.parameters.keys().find(|k| crate::plugin::PARAMETERS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "parameter '{key}' is about a plugin, but the model names none ('{PLUGIN_PARAMETER}')"
+                    ));
+                }
+                None
+            }
             Some("") => {
                 return Err(format!(
                     "parameter '{PLUGIN_PARAMETER}' is empty; name the plugin's .wasm file or leave the parameter out"
@@ -247,9 +256,15 @@ impl Model {
             }
         };
         let labels = outputs::load_labels(config, &dir.path)?;
+        let plugin_samples = warmup::plugin_samples(
+            config::parameter(config, warmup::PLUGIN_WARMUP_PARAMETER),
+            config::parameter(config, warmup::PLUGIN_WARMUP_CONTENT_TYPE_PARAMETER),
+            &dir.path,
+        )?;
         let metrics = rt.metrics.for_model(&dir.name, version);
         let mut model = Model::new(&dir.name, version, config, signature, instances, scheduling, metrics, plugin);
         model.labels = labels;
+        model.plugin_samples = plugin_samples;
         model.cache = cache;
         Ok(model)
     }
@@ -287,6 +302,7 @@ impl Model {
             plugin,
             labels: HashMap::new(),
             cache: None,
+            plugin_samples: Vec::new(),
         }
     }
 
@@ -309,6 +325,7 @@ impl Model {
             plugin: None,
             labels: HashMap::new(),
             cache: None,
+            plugin_samples: Vec::new(),
         }
     }
 
@@ -366,6 +383,35 @@ impl Model {
             }
         }
         Ok(runs)
+    }
+
+    /// Sends each `plugin.warmup` sample through the plugin and model as a
+    /// client's `/predict` would (preprocess, inference, postprocess), with
+    /// `runner` for the plugin's composed calls; returns the number that
+    /// ran to the end. A sample whose composed call finds its callee
+    /// unknown, not READY or overloaded did not fail here: the warm-up
+    /// stops at that call, and the callee's state is logged.
+    ///
+    /// # Errors
+    /// A message naming the sample when the plugin fails on it (traps,
+    /// returns an internal error, produces tensors the model refuses) or
+    /// refuses it as bad input: a sample the plugin cannot read is a wrong
+    /// configuration.
+    pub async fn warm_up_plugin(&self, runner: Arc<dyn ModelRunner>) -> Result<usize, String> {
+        let mut completed = 0;
+        for sample in &self.plugin_samples {
+            match self.predict(sample.request.clone(), runner.clone()).await {
+                Ok(_) => completed += 1,
+                Err(e @ (Error::NotFound(_) | Error::Unavailable(_) | Error::Overloaded(_))) => {
+                    tracing::warn!(
+                        model = %self.name, version = self.version, sample = %sample.file,
+                        "plugin warm-up stopped at a composed call whose callee cannot serve now: {e}"
+                    );
+                }
+                Err(e) => return Err(format!("plugin warm-up sample '{}' failed: {e}", sample.file)),
+            }
+        }
+        Ok(completed)
     }
 
     /// Whether requests may carry `sequence_id`: the model has
@@ -673,7 +719,7 @@ fn blame_the_plugin_for_its_tensors(e: Error) -> Error {
 
 fn plugin_error(e: PluginError) -> Error {
     match e {
-        PluginError::BadInput(m) => Error::InvalidArgument(m),
+        PluginError::Refused(e) => e,
         PluginError::Failed(m) => Error::Internal(m),
     }
 }

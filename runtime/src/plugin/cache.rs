@@ -27,12 +27,39 @@ pub fn compile_cached(engine: &Engine, wasm: &[u8], dir: &Path) -> Result<Compon
             Err(e) => tracing::warn!(path = %path.display(), "ignoring an unusable compiled plugin: {e}"),
         }
     }
-    let compiled = engine.precompile_component(wasm).map_err(|e| format!("cannot compile: {e}"))?;
-    if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| write_atomically(&path, &compiled)) {
-        tracing::warn!(dir = %dir.display(), "cannot cache a compiled plugin: {e}");
+    let compiled = precompile_apart(engine, wasm)?;
+    match std::fs::create_dir_all(dir).and_then(|()| write_atomically(&path, &compiled)) {
+        // Loaded as a later load will find it, so the first load of a
+        // plugin holds (and measures) what every later one does.
+        // SAFETY: written from this engine's compile a moment ago.
+        Ok(()) => unsafe { Component::deserialize_file(engine, &path) },
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "cannot cache a compiled plugin: {e}");
+            // SAFETY: `compiled` was produced by this engine a moment ago.
+            unsafe { Component::deserialize(engine, &compiled) }
+        }
     }
-    // SAFETY: `compiled` was produced by this engine a moment ago.
-    unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("cannot load the compiled plugin: {e}"))
+    .map_err(|e| format!("cannot load the compiled plugin: {e}"))
+}
+
+/// Compiles `wasm` on a thread of its own and returns the artefact. The
+/// compiler's working memory is touched by that thread, not the loading
+/// one, so it is not counted in the model's footprint (which is measured
+/// on the loading thread, see `lifecycle::loader`): it is freed when the
+/// compile ends, and a load from the cache never needs it.
+///
+/// # Errors
+/// wasmtime's message when the component does not compile.
+pub fn precompile_apart(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("plinth-compile".into())
+            .spawn_scoped(scope, || engine.precompile_component(wasm))
+            .map_err(|e| format!("cannot start a compile thread: {e}"))?
+            .join()
+            .map_err(|_| "the compiler panicked".to_owned())?
+            .map_err(|e| format!("cannot compile: {e}"))
+    })
 }
 
 /// Writes through a temporary file and a rename, so that a concurrent reader

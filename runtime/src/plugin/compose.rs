@@ -1,4 +1,4 @@
-//! The host side of `plinth:plugin/inference` (WIT 0.2): a plugin runs
+//! The host side of `plinth:plugin/inference` (WIT 0.2 and later): a plugin runs
 //! other models of the repository through a [`ModelRunner`], which resolves
 //! them as a client's request is resolved (so on-demand loading and
 //! residency apply) and runs them through their schedulers. The server's
@@ -15,8 +15,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::contract::wit;
-use super::convert::{tensor_from_wit, tensor_to_wit};
 use super::{RawRequest, RawResponse};
 use crate::config::Signature;
 use crate::error::Error;
@@ -100,13 +98,17 @@ pub(super) struct Composition {
 
 impl Composition {
     /// `plinth:plugin/inference.infer`: tensors through `model`'s scheduler.
+    ///
+    /// # Errors
+    /// The callee's [`Error`], its class kept and its message prefixed with
+    /// the model's name; [`Error::Internal`] outside a request's call.
     pub(super) fn infer(
         &mut self,
         model: &str,
         version: Option<u64>,
-        inputs: Vec<wit::Tensor>,
+        inputs: Vec<Tensor>,
         outputs: Vec<String>,
-    ) -> Result<Vec<wit::Tensor>, wit::Error> {
+    ) -> Result<Vec<Tensor>, Error> {
         let context = self.context()?;
         let runner = context.runner.clone();
         let sequence = match &context.sequence {
@@ -116,46 +118,39 @@ impl Composition {
             _ => None,
         };
         let options = RequestOptions { sequence, ..RequestOptions::default() };
-        let inputs = inputs.into_iter().map(tensor_from_wit).collect();
-        let outputs = self
-            .block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
-            .map_err(|e| callee_error(model, e))?;
-        Ok(outputs.into_iter().map(tensor_to_wit).collect())
+        self.block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
+            .map_err(|e| callee_error(model, e))
     }
 
     /// `plinth:plugin/inference.predict`: a raw request through `model`'s
     /// plugin and model, refused when it would close a cycle or exceed
     /// [`MAX_DEPTH`].
-    pub(super) fn predict(
-        &mut self,
-        model: &str,
-        version: Option<u64>,
-        req: wit::Request,
-    ) -> Result<wit::Response, wit::Error> {
+    ///
+    /// # Errors
+    /// As [`Composition::infer`]; [`Error::Internal`] for a cycle or a
+    /// chain too deep, before anything runs.
+    pub(super) fn predict(&mut self, model: &str, version: Option<u64>, req: RawRequest) -> Result<RawResponse, Error> {
         let context = self.context()?;
         let chain = &context.chain;
         if chain.iter().any(|m| m == model) {
             let path = chain.join(" → ");
-            return Err(wit::Error::Internal(format!(
+            return Err(Error::Internal(format!(
                 "calling model '{model}' from {path} would be a cycle ({path} → {model}); nothing ran"
             )));
         }
         if chain.len() >= MAX_DEPTH {
-            return Err(wit::Error::Internal(format!(
+            return Err(Error::Internal(format!(
                 "calling model '{model}' would pass through more than {MAX_DEPTH} plugins ({}); nothing ran",
                 chain.join(" → ")
             )));
         }
         let (runner, chain) = (context.runner.clone(), chain.clone());
-        let req = RawRequest { content_type: req.content_type, body: req.body, parameters: req.parameters };
-        let response =
-            self.block_on(runner.predict(model.to_owned(), version, req, chain)).map_err(|e| callee_error(model, e))?;
-        Ok(wit::Response { content_type: response.content_type, body: response.body })
+        self.block_on(runner.predict(model.to_owned(), version, req, chain)).map_err(|e| callee_error(model, e))
     }
 
-    fn context(&self) -> Result<&CallContext, wit::Error> {
+    fn context(&self) -> Result<&CallContext, Error> {
         self.context.as_ref().ok_or_else(|| {
-            wit::Error::Internal("other models can be run from preprocess and postprocess, not from init".to_owned())
+            Error::Internal("other models can be run from preprocess and postprocess, not from init".to_owned())
         })
     }
 
@@ -171,12 +166,8 @@ impl Composition {
     }
 }
 
-/// The callee's error as a value for the plugin: the request's fault stays
-/// `bad-input`, anything else is `internal`.
-fn callee_error(model: &str, e: Error) -> wit::Error {
-    let message = format!("model '{model}': {e}");
-    match e {
-        Error::InvalidArgument(_) => wit::Error::BadInput(message),
-        _ => wit::Error::Internal(message),
-    }
+/// The callee's error for the plugin: the same class, its message naming
+/// the model called (each contract version then keeps the classes it has).
+fn callee_error(model: &str, e: Error) -> Error {
+    e.map_message(|m| format!("model '{model}': {m}"))
 }

@@ -1,18 +1,33 @@
-//! The released plugin contracts (`wit/v0.1`, `wit/v0.2`, each frozen) and
-//! the dispatch of calls to the bindings of a component's version.
+//! The released plugin contracts (`wit/v0.1`, `wit/v0.2`, `wit/v0.3`, each
+//! frozen) and the dispatch of calls to the bindings of a component's
+//! version.
 //!
-//! The newest version's types are the ones the host works with: an older
-//! version whose types are unchanged aliases them in its bindings (`with`),
-//! so no conversion runs. A later version that changes a type gets its own
-//! bindings as the shared set, and the older ones convert into them.
+//! Every version converts between the host's own types (tensors, raw
+//! requests and answers, [`Error`]) and its bindings' types, with the
+//! functions [`wit_conversions!`] expands in each bindings module; a version
+//! whose types are unchanged from the one after it aliases that one's
+//! types (`with`), as 0.1 does 0.2's. Errors are where the versions differ:
+//! 0.3.0 carries every class a client acts on (bad input, not found,
+//! unavailable, overloaded with a retry hint, internal), 0.2.0 and 0.1.0
+//! only bad input and internal.
 
 use wasmtime::component::{Component, InstancePre};
 use wasmtime::{Engine, Store};
 
+use super::convert::wit_conversions;
+use super::{InstanceState, ModelInfo, RawRequest, RawResponse};
+use crate::error::{Error, Overload};
+use crate::tensor::Tensor;
+
 /// Bindings generated from each frozen contract.
 mod bindings {
+    pub mod v0_3 {
+        wasmtime::component::bindgen!({ path: "../wit/v0.3", world: "plugin" });
+        super::wit_conversions!();
+    }
     pub mod v0_2 {
         wasmtime::component::bindgen!({ path: "../wit/v0.2", world: "plugin" });
+        super::wit_conversions!();
     }
     pub mod v0_1 {
         // The types are unchanged since 0.1: 0.1 uses 0.2's.
@@ -22,12 +37,10 @@ mod bindings {
             with: { "plinth:plugin/types@0.1.0": super::v0_2::plinth::plugin::types },
         });
     }
+    use super::wit_conversions;
 }
 
-/// The host side of `plinth:plugin/inference` (0.2 and later).
-pub(super) use bindings::v0_2::plinth::plugin::inference::Host as InferenceHost;
-/// The newest contract's types, which every version's calls use.
-pub(super) use bindings::v0_2::plinth::plugin::types as wit;
+use bindings::{v0_2, v0_3};
 
 /// A released `plinth:plugin` contract version, oldest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,17 +49,21 @@ pub enum ContractVersion {
     V0_1,
     /// `plinth:plugin@0.2.0`: 0.1 and the `inference` import (composition).
     V0_2,
+    /// `plinth:plugin@0.3.0`: 0.2 with an `error` that keeps the class of a
+    /// failure (not found, unavailable, overloaded with a retry hint).
+    V0_3,
 }
 
 impl ContractVersion {
     /// Every version this host runs, oldest first.
-    pub const ALL: [ContractVersion; 2] = [ContractVersion::V0_1, ContractVersion::V0_2];
+    pub const ALL: [ContractVersion; 3] = [ContractVersion::V0_1, ContractVersion::V0_2, ContractVersion::V0_3];
 
-    /// The version as the WIT package names it (`0.2.0`).
+    /// The version as the WIT package names it (`0.3.0`).
     pub fn as_str(self) -> &'static str {
         match self {
             ContractVersion::V0_1 => "0.1.0",
             ContractVersion::V0_2 => "0.2.0",
+            ContractVersion::V0_3 => "0.3.0",
         }
     }
 
@@ -67,21 +84,121 @@ impl std::fmt::Display for ContractVersion {
     }
 }
 
-/// Adds the imports of every version to `linker`: 0.2's `inference`, which
-/// later versions keep.
+/// Adds the imports of every version to `linker`: the `inference` of 0.2
+/// and of 0.3 (0.1 imports nothing of Plinth's).
 ///
 /// # Errors
 /// wasmtime's message when an interface cannot be linked.
-pub(super) fn add_to_linker<T: InferenceHost + wit::Host + 'static>(
-    linker: &mut wasmtime::component::Linker<T>,
-) -> wasmtime::Result<()> {
-    bindings::v0_2::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
+pub(super) fn add_to_linker(linker: &mut wasmtime::component::Linker<InstanceState>) -> wasmtime::Result<()> {
+    use wasmtime::component::HasSelf;
+    v0_3::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)?;
+    v0_2::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+}
+
+impl v0_3::plinth::plugin::types::Host for InstanceState {}
+impl v0_2::plinth::plugin::types::Host for InstanceState {}
+
+impl v0_3::plinth::plugin::inference::Host for InstanceState {
+    fn infer(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<v0_3::plinth::plugin::types::Tensor>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<v0_3::plinth::plugin::types::Tensor>, v0_3::plinth::plugin::types::Error> {
+        let inputs = v0_3::convert::tensors_from_wit(inputs);
+        let outputs = self.composition.infer(&model, version, inputs, outputs).map_err(error_to_v0_3)?;
+        Ok(v0_3::convert::tensors_to_wit(outputs))
+    }
+
+    fn predict(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        req: v0_3::plinth::plugin::types::Request,
+    ) -> Result<v0_3::plinth::plugin::types::Response, v0_3::plinth::plugin::types::Error> {
+        let req = v0_3::convert::request_from_wit(req);
+        let response = self.composition.predict(&model, version, req).map_err(error_to_v0_3)?;
+        Ok(v0_3::convert::response_to_wit(response))
+    }
+}
+
+impl v0_2::plinth::plugin::inference::Host for InstanceState {
+    fn infer(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<v0_2::plinth::plugin::types::Tensor>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<v0_2::plinth::plugin::types::Tensor>, v0_2::plinth::plugin::types::Error> {
+        let inputs = v0_2::convert::tensors_from_wit(inputs);
+        let outputs = self.composition.infer(&model, version, inputs, outputs).map_err(error_to_v0_2)?;
+        Ok(v0_2::convert::tensors_to_wit(outputs))
+    }
+
+    fn predict(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        req: v0_2::plinth::plugin::types::Request,
+    ) -> Result<v0_2::plinth::plugin::types::Response, v0_2::plinth::plugin::types::Error> {
+        let req = v0_2::convert::request_from_wit(req);
+        let response = self.composition.predict(&model, version, req).map_err(error_to_v0_2)?;
+        Ok(v0_2::convert::response_to_wit(response))
+    }
+}
+
+/// A composed call's failure for a 0.3 plugin: its class kept. A remote's
+/// failure (502) and what Plinth does not implement (501) are `internal`
+/// to the plugin, as its own failure would be.
+fn error_to_v0_3(e: Error) -> v0_3::plinth::plugin::types::Error {
+    use v0_3::plinth::plugin::types::{Error as W, Overload as WitOverload};
+    match e {
+        Error::InvalidArgument(m) | Error::AlreadyExists(m) => W::BadInput(m),
+        Error::NotFound(m) => W::NotFound(m),
+        Error::Unavailable(m) => W::Unavailable(m),
+        Error::Overloaded(o) => W::Overloaded(WitOverload { message: o.message, retry_after_secs: o.retry_after_secs }),
+        Error::BadGateway(m) | Error::Internal(m) | Error::Unsupported(m) => W::Internal(m),
+    }
+}
+
+/// A 0.3 plugin's error as the host's class of it.
+fn error_from_v0_3(e: v0_3::plinth::plugin::types::Error) -> Error {
+    use v0_3::plinth::plugin::types::Error as W;
+    match e {
+        W::BadInput(m) => Error::InvalidArgument(m),
+        W::Internal(m) => Error::Internal(m),
+        W::Unavailable(m) => Error::Unavailable(m),
+        W::Overloaded(o) => Error::Overloaded(Overload { message: o.message, retry_after_secs: o.retry_after_secs }),
+        W::NotFound(m) => Error::NotFound(m),
+    }
+}
+
+/// A composed call's failure for a 0.2 plugin, whose contract has only two
+/// classes: the request's fault stays `bad-input`, anything else is
+/// `internal` (as 0.2.0 documents it).
+fn error_to_v0_2(e: Error) -> v0_2::plinth::plugin::types::Error {
+    use v0_2::plinth::plugin::types::Error as W;
+    match e {
+        Error::InvalidArgument(m) | Error::AlreadyExists(m) => W::BadInput(m),
+        e => W::Internal(e.to_string()),
+    }
+}
+
+/// A 0.1 or 0.2 plugin's error as the host's class of it.
+fn error_from_v0_2(e: v0_2::plinth::plugin::types::Error) -> Error {
+    use v0_2::plinth::plugin::types::Error as W;
+    match e {
+        W::BadInput(m) => Error::InvalidArgument(m),
+        W::Internal(m) => Error::Internal(m),
+    }
 }
 
 /// A component's bindings, ready to instantiate, for its contract version.
 pub(super) enum Pre<T: 'static> {
     V0_1(bindings::v0_1::PluginPre<T>),
-    V0_2(bindings::v0_2::PluginPre<T>),
+    V0_2(v0_2::PluginPre<T>),
+    V0_3(v0_3::PluginPre<T>),
 }
 
 impl<T: 'static> Pre<T> {
@@ -93,7 +210,8 @@ impl<T: 'static> Pre<T> {
     pub(super) fn new(version: ContractVersion, instance_pre: InstancePre<T>) -> wasmtime::Result<Pre<T>> {
         Ok(match version {
             ContractVersion::V0_1 => Pre::V0_1(bindings::v0_1::PluginPre::new(instance_pre)?),
-            ContractVersion::V0_2 => Pre::V0_2(bindings::v0_2::PluginPre::new(instance_pre)?),
+            ContractVersion::V0_2 => Pre::V0_2(v0_2::PluginPre::new(instance_pre)?),
+            ContractVersion::V0_3 => Pre::V0_3(v0_3::PluginPre::new(instance_pre)?),
         })
     }
 
@@ -105,49 +223,80 @@ impl<T: 'static> Pre<T> {
         Ok(match self {
             Pre::V0_1(pre) => Exports::V0_1(pre.instantiate(store)?),
             Pre::V0_2(pre) => Exports::V0_2(pre.instantiate(store)?),
+            Pre::V0_3(pre) => Exports::V0_3(pre.instantiate(store)?),
         })
     }
 }
 
-/// An instance's exports, for its contract version.
+/// An instance's exports, for its contract version. Each call takes and
+/// returns the host's types: the outer `Result` is a trap, the inner one
+/// the plugin's own error as the host's [`Error`] class.
 pub(super) enum Exports {
     V0_1(bindings::v0_1::Plugin),
-    V0_2(bindings::v0_2::Plugin),
+    V0_2(v0_2::Plugin),
+    V0_3(v0_3::Plugin),
+}
+
+/// Runs `$call` on the handler of whichever version `$exports` is, with
+/// `$convert` naming that version's conversions and `$error` its error
+/// conversion, so each export is written once for all versions.
+macro_rules! dispatch {
+    ($exports:expr, |$handler:ident, $convert:ident, $error:ident| $call:expr) => {
+        match $exports {
+            Exports::V0_1(b) => {
+                let $handler = b.plinth_plugin_handler();
+                use v0_2::convert as $convert;
+                let $error = error_from_v0_2;
+                $call
+            }
+            Exports::V0_2(b) => {
+                let $handler = b.plinth_plugin_handler();
+                use v0_2::convert as $convert;
+                let $error = error_from_v0_2;
+                $call
+            }
+            Exports::V0_3(b) => {
+                let $handler = b.plinth_plugin_handler();
+                use v0_3::convert as $convert;
+                let $error = error_from_v0_3;
+                $call
+            }
+        }
+    };
 }
 
 impl Exports {
-    pub(super) fn init<T>(
-        &self,
-        store: &mut Store<T>,
-        info: &wit::ModelInfo,
-    ) -> wasmtime::Result<Result<(), wit::Error>> {
-        match self {
-            Exports::V0_1(b) => b.plinth_plugin_handler().call_init(store, info),
-            Exports::V0_2(b) => b.plinth_plugin_handler().call_init(store, info),
-        }
+    /// `init` with the model's description.
+    pub(super) fn init<T>(&self, store: &mut Store<T>, info: &ModelInfo) -> wasmtime::Result<Result<(), Error>> {
+        dispatch!(self, |handler, convert, error| {
+            Ok(handler.call_init(store, &convert::model_info(info))?.map_err(error))
+        })
     }
 
+    /// `preprocess`: a raw request to input tensors.
     pub(super) fn preprocess<T>(
         &self,
         store: &mut Store<T>,
-        req: &wit::Request,
-    ) -> wasmtime::Result<Result<Vec<wit::Tensor>, wit::Error>> {
-        match self {
-            Exports::V0_1(b) => b.plinth_plugin_handler().call_preprocess(store, req),
-            Exports::V0_2(b) => b.plinth_plugin_handler().call_preprocess(store, req),
-        }
+        req: &RawRequest,
+    ) -> wasmtime::Result<Result<Vec<Tensor>, Error>> {
+        dispatch!(self, |handler, convert, error| {
+            let tensors = handler.call_preprocess(store, &convert::request(req))?;
+            Ok(tensors.map(convert::tensors_from_wit).map_err(error))
+        })
     }
 
+    /// `postprocess`: output tensors to the answer for `req`.
     pub(super) fn postprocess<T>(
         &self,
         store: &mut Store<T>,
-        req: &wit::Request,
-        outputs: &[wit::Tensor],
-    ) -> wasmtime::Result<Result<wit::Response, wit::Error>> {
-        match self {
-            Exports::V0_1(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
-            Exports::V0_2(b) => b.plinth_plugin_handler().call_postprocess(store, req, outputs),
-        }
+        req: &RawRequest,
+        outputs: Vec<Tensor>,
+    ) -> wasmtime::Result<Result<RawResponse, Error>> {
+        dispatch!(self, |handler, convert, error| {
+            let outputs = convert::tensors_to_wit(outputs);
+            let response = handler.call_postprocess(store, &convert::request(req), &outputs)?;
+            Ok(response.map(convert::response_from_wit).map_err(error))
+        })
     }
 }
 
@@ -157,9 +306,9 @@ mod tests {
 
     #[test]
     fn versions_are_ordered_and_named_as_the_wit_packages() {
-        assert!(ContractVersion::V0_1 < ContractVersion::V0_2);
+        assert!(ContractVersion::V0_1 < ContractVersion::V0_2 && ContractVersion::V0_2 < ContractVersion::V0_3);
         let names: Vec<String> = ContractVersion::ALL.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["0.1.0", "0.2.0"]);
+        assert_eq!(names, ["0.1.0", "0.2.0", "0.3.0"]);
         for v in ContractVersion::ALL {
             let folder = format!("{}/../wit/v{}", env!("CARGO_MANIFEST_DIR"), v.as_str().trim_end_matches(".0"));
             let wit = std::fs::read_to_string(format!("{folder}/plugin.wit")).unwrap();

@@ -2,9 +2,9 @@
 //! wasmtime). Every released contract version stays supported
 //! ([`ContractVersion`]): a component exporting
 //! `plinth:plugin/handler@0.1.0` gets the 0.1 bindings, one exporting
-//! `@0.2.0` the 0.2 bindings with the `inference` import, through which it
-//! runs other models ([`compose`], over a [`ModelRunner`] the caller
-//! passes with each call). The version is read from the component's export
+//! `@0.2.0` or `@0.3.0` those bindings with the `inference` import, through
+//! which it runs other models ([`compose`], over a [`ModelRunner`] the
+//! caller passes with each call). The version is read from the component's export
 //! names, which the SDK's generated bindings fix at build time.
 //!
 //! Each plugin is compiled once (the compiled artefact is cached on disk),
@@ -32,12 +32,13 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+use crate::error::Error;
 use crate::metrics::{PluginMetrics, PluginStage};
 use crate::tensor::Tensor;
 use compose::Composition;
 pub use compose::{CallContext, ModelRunner};
 pub use contract::ContractVersion;
-use contract::{Exports, Pre, wit};
+use contract::{Exports, Pre};
 
 /// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -47,6 +48,12 @@ const STDERR_CAPACITY: usize = 64 * 1024;
 const STDERR_QUOTED: usize = 1024;
 /// Where the plugin sees its model version folder.
 pub const MODEL_MOUNT: &str = "/model";
+
+/// The `config.pbtxt` parameters about a model's plugin besides `plugin`
+/// itself: its limits ([`PluginLimits::for_model`]) and its warm-up
+/// samples (read by the model's load).
+pub const PARAMETERS: [&str; 5] =
+    ["plugin.memory_limit", "plugin.timeout_ms", "plugin.instances", "plugin.warmup", "plugin.warmup_content_type"];
 
 /// Resource limits applied to every plugin call. The defaults are those of
 /// `plinth serve`: 256 MiB, 2000 ms, one call per core. A model may lower or
@@ -82,9 +89,8 @@ impl PluginLimits {
         keys: &[&str],
         parameter: impl Fn(&str) -> Option<String>,
     ) -> Result<PluginLimits, String> {
-        let known = ["plugin.memory_limit", "plugin.timeout_ms", "plugin.instances"];
-        if let Some(unknown) = keys.iter().find(|k| k.starts_with("plugin.") && !known.contains(k)) {
-            return Err(format!("unknown parameter '{unknown}'; the plugin limits are {known:?}"));
+        if let Some(unknown) = keys.iter().find(|k| k.starts_with("plugin.") && !PARAMETERS.contains(k)) {
+            return Err(format!("unknown parameter '{unknown}'; the plugin parameters are {PARAMETERS:?}"));
         }
         let positive = |key: &str, value: &str| {
             value
@@ -171,8 +177,11 @@ pub struct ModelInfo {
 /// Why a plugin call failed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PluginError {
-    /// The plugin refused the request as malformed (HTTP 400).
-    BadInput(String),
+    /// The plugin refused the call with a class the client acts on: the
+    /// request is malformed ([`Error::InvalidArgument`], HTTP 400), or it
+    /// passed on a composed call's refusal (not found 404, unavailable 503,
+    /// overloaded 503 with its `Retry-After`). The message names the plugin.
+    Refused(Error),
     /// The plugin failed, trapped, ran out of time or memory (HTTP 500).
     /// The message names the plugin.
     Failed(String),
@@ -254,7 +263,7 @@ impl PluginHost {
             label,
             engine: self.engine.clone(),
             pre,
-            info: convert::model_info(&info),
+            info,
             model_dir: model_dir.to_path_buf(),
             limits,
             slots: (limits.instances > 0).then(|| Arc::new(Semaphore::new(limits.instances))),
@@ -263,7 +272,8 @@ impl PluginHost {
             permits: self.permits.clone(),
         };
         let first = plugin.start_instance().map_err(|e| match e {
-            PluginError::BadInput(m) | PluginError::Failed(m) => m,
+            PluginError::Refused(e) => e.to_string(),
+            PluginError::Failed(m) => m,
         })?;
         plugin.idle.lock().expect("idle pool").push(first);
         // compile_us is what the on-disk cache saves (bench/plugin_cache.py).
@@ -298,7 +308,12 @@ impl PluginHost {
         let bytes = std::fs::read(wasm).map_err(|e| format!("cannot read {}: {e}", wasm.display()))?;
         match &self.cache_dir {
             Some(dir) => cache::compile_cached(&self.engine, &bytes, dir),
-            None => Component::new(&self.engine, &bytes).map_err(|e| format!("cannot compile: {e}")),
+            None => {
+                let compiled = cache::precompile_apart(&self.engine, &bytes)?;
+                // SAFETY: `compiled` was produced by this engine a moment ago.
+                unsafe { Component::deserialize(&self.engine, &compiled) }
+                    .map_err(|e| format!("cannot load the compiled plugin: {e}"))
+            }
         }
     }
 }
@@ -331,7 +346,7 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
     pool
 }
 
-/// The versions this host runs, for messages: "0.1.0, 0.2.0".
+/// The versions this host runs, for messages: "0.1.0, 0.2.0, 0.3.0".
 pub fn runs() -> String {
     ContractVersion::ALL.map(ContractVersion::as_str).join(", ")
 }
@@ -342,24 +357,6 @@ struct InstanceState {
     table: ResourceTable,
     limits: StoreLimits,
     composition: Composition,
-}
-
-impl wit::Host for InstanceState {}
-
-impl contract::InferenceHost for InstanceState {
-    fn infer(
-        &mut self,
-        model: String,
-        version: Option<u64>,
-        inputs: Vec<wit::Tensor>,
-        outputs: Vec<String>,
-    ) -> Result<Vec<wit::Tensor>, wit::Error> {
-        self.composition.infer(&model, version, inputs, outputs)
-    }
-
-    fn predict(&mut self, model: String, version: Option<u64>, req: wit::Request) -> Result<wit::Response, wit::Error> {
-        self.composition.predict(&model, version, req)
-    }
 }
 
 impl WasiView for InstanceState {
@@ -381,7 +378,7 @@ pub struct Plugin {
     label: String,
     engine: Engine,
     pre: Pre<InstanceState>,
-    info: wit::ModelInfo,
+    info: ModelInfo,
     model_dir: PathBuf,
     limits: PluginLimits,
     /// `plugin.instances`: calls of this plugin at once, when capped.
@@ -397,7 +394,8 @@ impl Plugin {
     /// already run for this request, this one last (see [`compose`]).
     ///
     /// # Errors
-    /// [`PluginError::BadInput`] when the plugin refuses the request;
+    /// [`PluginError::Refused`] when the plugin refuses the request or
+    /// passes on a composed call's refusal (its class kept);
     /// [`PluginError::Failed`] when it fails, traps, exceeds its time limit or
     /// memory.
     pub async fn preprocess(
@@ -406,9 +404,7 @@ impl Plugin {
         context: CallContext,
     ) -> Result<Vec<Tensor>, PluginError> {
         self.call_blocking(PluginStage::Preprocess, context, move |this, context| {
-            let req = convert::request(&req);
-            let tensors = this.call("preprocess", context, |inst| inst.exports.preprocess(&mut inst.store, &req))?;
-            Ok(tensors.into_iter().map(convert::tensor_from_wit).collect())
+            this.call("preprocess", context, |inst| inst.exports.preprocess(&mut inst.store, &req))
         })
         .await
     }
@@ -425,11 +421,7 @@ impl Plugin {
         context: CallContext,
     ) -> Result<RawResponse, PluginError> {
         self.call_blocking(PluginStage::Postprocess, context, move |this, context| {
-            let req = convert::request(&req);
-            let outputs: Vec<wit::Tensor> = outputs.into_iter().map(convert::tensor_to_wit).collect();
-            let response =
-                this.call("postprocess", context, |inst| inst.exports.postprocess(&mut inst.store, &req, &outputs))?;
-            Ok(RawResponse { content_type: response.content_type, body: response.body })
+            this.call("postprocess", context, |inst| inst.exports.postprocess(&mut inst.store, &req, outputs))
         })
         .await
     }
@@ -471,7 +463,7 @@ impl Plugin {
         &self,
         export: &str,
         context: CallContext,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, wit::Error>>,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, Error>>,
     ) -> Result<T, PluginError> {
         let taken = self.idle.lock().expect("idle pool").pop();
         let mut inst = match taken {
@@ -489,8 +481,8 @@ impl Plugin {
                 inst.store.data_mut().composition.context = None;
                 self.idle.lock().expect("idle pool").push(inst);
                 result.map_err(|e| match e {
-                    wit::Error::BadInput(m) => PluginError::BadInput(format!("{}: {m}", self.label)),
-                    wit::Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
+                    Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
+                    refused => PluginError::Refused(refused.map_message(|m| format!("{}: {m}", self.label))),
                 })
             }
             Err(trap) => {
@@ -533,9 +525,7 @@ impl Plugin {
         let mut inst = Instance { store, exports, stderr };
         match inst.exports.init(&mut inst.store, &self.info) {
             Ok(Ok(())) => Ok(inst),
-            Ok(Err(wit::Error::BadInput(m) | wit::Error::Internal(m))) => {
-                Err(self.failed(&format!("init failed: {m}")))
-            }
+            Ok(Err(e)) => Err(self.failed(&format!("init failed: {e}"))),
             Err(trap) => Err(self.trapped("init", &trap, &inst.stderr, 0)),
         }
     }

@@ -12,7 +12,7 @@ use super::{
     CallContext, ModelInfo, ModelRunner, Plugin, PluginError, PluginHost, PluginLimits, RawRequest, RawResponse,
 };
 use crate::config::Signature;
-use crate::error::Error;
+use crate::error::{Error, Overload};
 use crate::metrics::Metrics;
 use crate::tensor::{DataType, Tensor, TensorSpec};
 
@@ -24,7 +24,9 @@ fn faulty_wasm() -> PathBuf {
 }
 
 /// Answers composed calls: `infer` with the inputs as they came, `predict`
-/// with "from MODEL"; records each call with the chain it carried.
+/// with "from MODEL", except that models named `loading`, `busy` and
+/// `missing` refuse as an unavailable, overloaded and unknown callee;
+/// records each call with the chain it carried.
 #[derive(Default)]
 struct Runner {
     calls: Mutex<Vec<(String, Vec<String>)>>,
@@ -55,8 +57,19 @@ impl ModelRunner for Runner {
         chain: Vec<String>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         let body = format!("from {model}").into_bytes();
+        let refusal = match model.as_str() {
+            "loading" => Some(Error::Unavailable("model 'loading' is LOADING".into())),
+            "busy" => Some(Error::Overloaded(Overload { message: "queue full".into(), retry_after_secs: 7 })),
+            "missing" => Some(Error::NotFound("unknown model 'missing'".into())),
+            _ => None,
+        };
         self.calls.lock().unwrap().push((model, chain));
-        Box::pin(async move { Ok(RawResponse { content_type: "text/plain".into(), body }) })
+        Box::pin(async move {
+            match refusal {
+                Some(e) => Err(e),
+                None => Ok(RawResponse { content_type: "text/plain".into(), body }),
+            }
+        })
     }
 }
 
@@ -183,7 +196,7 @@ async fn bad_input_is_the_request_s_fault_not_the_plugin_s() {
     let result = f.preprocess("bad").await;
     assert_eq!(
         result.unwrap_err(),
-        PluginError::BadInput("plugin 'faulty.wasm' of model 'm': deliberate bad input".into())
+        PluginError::Refused(Error::InvalidArgument("plugin 'faulty.wasm' of model 'm': deliberate bad input".into()))
     );
     assert!(!f.metrics.render().contains("plinth_plugin_failures_total{"), "a refusal is not a plugin failure");
 }
@@ -208,4 +221,27 @@ async fn composed_calls_reach_the_runner_with_the_request_s_chain() {
     let chain: Vec<&str> = deep.iter().map(String::as_str).collect();
     let too_deep = failed(f.postprocess("call:callee/ok", &chain).await);
     assert!(too_deep.contains("would pass through more than 8 plugins"), "{too_deep}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callee_s_refusal_passed_on_keeps_its_class() {
+    let f = load(PluginLimits::default());
+    let prefix = "plugin 'faulty.wasm' of model 'm': model";
+    let refused = |result: Result<RawResponse, PluginError>| match result {
+        Err(PluginError::Refused(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(f.postprocess("call:loading/ok", &["m"]).await),
+        Error::Unavailable(format!("{prefix} 'loading': model 'loading' is LOADING"))
+    );
+    assert_eq!(
+        refused(f.postprocess("call:busy/ok", &["m"]).await),
+        Error::Overloaded(Overload { message: format!("{prefix} 'busy': queue full"), retry_after_secs: 7 })
+    );
+    assert_eq!(
+        refused(f.postprocess("call:missing/ok", &["m"]).await),
+        Error::NotFound(format!("{prefix} 'missing': unknown model 'missing'"))
+    );
+    assert!(!f.metrics.render().contains("plinth_plugin_failures_total{"), "a passed-on refusal is not a failure");
 }

@@ -25,7 +25,7 @@ use self::ordering::Ordering;
 use self::policy::{OnTimeout, Policy, RequestOptions};
 use self::queue::{Entry, Next, Queue};
 use crate::backend::{Backend, BackendError};
-use crate::error::Error;
+use crate::error::{Error, Overload};
 use crate::metrics::{Compute, FailureReason, ModelMetrics};
 use crate::tensor::Tensor;
 
@@ -115,11 +115,11 @@ impl Scheduler {
             let mut state = shared.lock();
             let queued = state.queue.len(level);
             if queue_policy.max_queue_size > 0 && queued >= queue_policy.max_queue_size {
-                return Err(Error::Overloaded(format!(
+                return Err(Error::Overloaded(Overload::new(format!(
                     "model '{}' is overloaded: its queue at priority level {} is full ({queued} requests, max_queue_size); retry later",
                     shared.model,
                     level + 1
-                )));
+                ))));
             }
             let id = state.queue.push(level, rows, key, Job { inputs, reply });
             shared.metrics.pending().inc();
@@ -133,11 +133,11 @@ impl Scheduler {
                 Ok(reply) => reply,
                 Err(_) => {
                     if queue_policy.on_timeout == OnTimeout::Reject && shared.take_out(level, id) {
-                        return Err(Error::Overloaded(format!(
+                        return Err(Error::Overloaded(Overload::new(format!(
                             "model '{}' is overloaded: the request waited {} µs in the queue (its timeout) without running; retry later",
                             shared.model,
                             timeout.as_micros()
-                        )));
+                        ))));
                     }
                     shared.lock().queue.delay(level, id);
                     answer.await
@@ -452,7 +452,7 @@ mod tests {
         f.wait_for_queued(1);
         let refused = f.submit(&[3.0]).await.unwrap().unwrap_err();
         assert!(
-            matches!(&refused, Error::Overloaded(m) if m.contains("queue at priority level 1 is full (1 requests")),
+            matches!(&refused, Error::Overloaded(o) if o.message.contains("queue at priority level 1 is full (1 requests")),
             "{refused:?}"
         );
         f.gate.open();

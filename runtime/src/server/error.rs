@@ -18,11 +18,6 @@ pub struct ApiError {
     pub retry_after_secs: Option<u64>,
 }
 
-/// `Retry-After` on a 503 for a full queue or an expired queue timeout:
-/// queues drain in milliseconds, so one second (the header's unit) is the
-/// shortest honest hint; clients add their own jittered backoff.
-const OVERLOAD_RETRY_AFTER_SECS: u64 = 1;
-
 impl ApiError {
     /// A 400 Bad Request with `message`.
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -45,7 +40,10 @@ impl From<Error> for ApiError {
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         };
-        let retry_after_secs = matches!(e, Error::Overloaded(_)).then_some(OVERLOAD_RETRY_AFTER_SECS);
+        let retry_after_secs = match &e {
+            Error::Overloaded(o) => Some(u64::from(o.retry_after_secs)),
+            _ => None,
+        };
         ApiError { status, message: e.to_string(), retry_after_secs }
     }
 }
