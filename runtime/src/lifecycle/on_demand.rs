@@ -60,7 +60,8 @@ pub(super) async fn resolve(core: &Arc<Core>, name: &str, version: Option<u64>) 
 
 /// Loads `dir` unless it is resident, and returns the model for the
 /// request. Concurrent callers queue on the model's record and find it
-/// loaded; a load that failed is not retried until its files change.
+/// loaded; a load that failed is not retried until its files change (one
+/// refused for room is).
 async fn ensure_resident(core: &Core, dir: &ModelDir, version: Option<u64>) -> Result<Arc<Model>, Error> {
     let name = &dir.name;
     let record = core.record(name);
@@ -87,8 +88,15 @@ async fn ensure_resident(core: &Core, dir: &ModelDir, version: Option<u64>) -> R
 }
 
 /// Why the last load of `dir` failed, if its files have not changed since.
+/// A refusal for room is not remembered: it depends on what else is
+/// resident and on the budget, not on the files, so the next request tries
+/// again.
 fn known_failure<'a>(dir: &ModelDir, record: &'a ModelRecord) -> Option<&'a crate::error::LoadError> {
     let (tried, config_json) = record.attempted.as_ref()?;
     let unchanged = config_json.is_none() && *tried == ModelFiles::observe(dir);
-    if unchanged { record.failure.as_ref() } else { None }
+    match &record.failure {
+        Some(crate::error::LoadError::NoRoom(_)) => None,
+        failure if unchanged => failure.as_ref(),
+        _ => None,
+    }
 }
