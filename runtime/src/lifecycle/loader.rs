@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::config::ModelConfig;
+use crate::config::{self, ModelConfig, PLUGIN_PARAMETER};
 use crate::error::LoadError;
 use crate::model::{Model, Runtimes};
 use crate::repository::{Fingerprint, ModelDir};
@@ -50,6 +50,15 @@ impl Loader for RuntimeLoader {
     fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
         let started = Instant::now();
         let ms = || started.elapsed().as_millis() as u64;
+        // A plugin compiles (once per process and file) before the
+        // measurement starts: what the compiler keeps is the process's, not
+        // this model's. A failure here is reported by the load itself.
+        if let Some(file) = config::parameter(config, PLUGIN_PARAMETER).filter(|f| !f.is_empty()) {
+            let wasm = dir.path.join(file);
+            if wasm.is_file() && crate::repository::is_within(&wasm, &dir.path) {
+                let _ = self.runtimes.plugins.precompile(&wasm);
+            }
+        }
         // Free pages go back before and after, so the growth measured is
         // what this load keeps, not what it or another freed.
         residency::release_freed_memory();

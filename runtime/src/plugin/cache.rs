@@ -15,10 +15,7 @@ use wasmtime::component::Component;
 /// # Errors
 /// wasmtime's message when the component does not compile.
 pub fn compile_cached(engine: &Engine, wasm: &[u8], dir: &Path) -> Result<Component, String> {
-    let mut hasher = DefaultHasher::new();
-    wasm.hash(&mut hasher);
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    let path = dir.join(format!("{:016x}.cwasm", hasher.finish()));
+    let path = artefact(engine, wasm, dir);
     if path.is_file() {
         // SAFETY: the file was written by `precompile_component` below into
         // Plinth's own cache folder and is keyed on this engine's settings.
@@ -40,6 +37,32 @@ pub fn compile_cached(engine: &Engine, wasm: &[u8], dir: &Path) -> Result<Compon
         }
     }
     .map_err(|e| format!("cannot load the compiled plugin: {e}"))
+}
+
+/// Compiles `wasm` into `dir` unless a previous compile left it there, and
+/// loads nothing: a load then finds the artefact as any later load would.
+///
+/// # Errors
+/// wasmtime's message when the component does not compile; an I/O message
+/// when the artefact cannot be written.
+pub fn ensure_cached(engine: &Engine, wasm: &[u8], dir: &Path) -> Result<(), String> {
+    let path = artefact(engine, wasm, dir);
+    if path.is_file() {
+        return Ok(());
+    }
+    let compiled = precompile_apart(engine, wasm)?;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| write_atomically(&path, &compiled))
+        .map_err(|e| format!("cannot cache a compiled plugin in {}: {e}", dir.display()))
+}
+
+/// Where the artefact of `wasm` for `engine` lives in `dir`: the file name
+/// hashes the component bytes and the engine's compatibility settings.
+fn artefact(engine: &Engine, wasm: &[u8], dir: &Path) -> std::path::PathBuf {
+    let mut hasher = DefaultHasher::new();
+    wasm.hash(&mut hasher);
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    dir.join(format!("{:016x}.cwasm", hasher.finish()))
 }
 
 /// Compiles `wasm` on a thread of its own and returns the artefact. The
