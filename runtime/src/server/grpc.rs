@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot::error::TryRecvError;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -61,6 +62,58 @@ pub fn restricted(restrictions: &Restrictions, api: Api, metadata: &MetadataMap)
     restrictions
         .check(api, |key| metadata.get(key).and_then(|v| v.to_str().ok()))
         .map_err(|missing| Status::unavailable(format!("This protocol is restricted, expecting header '{missing}'")))
+}
+
+/// The start of tonic's message when a request message is larger than
+/// `max_decoding_message_size`.
+const TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// A request message over the size limit is RESOURCE_EXHAUSTED, as gRPC's
+/// other implementations (C++, Java, Go) answer it, where tonic (0.14.9,
+/// the newest) says OUT_OF_RANGE: the status to answer instead of
+/// `status`, or `None` for every other status.
+fn over_the_limit(status: &Status) -> Option<Status> {
+    (status.code() == tonic::Code::OutOfRange && status.message().starts_with(TOO_LARGE))
+        .then(|| Status::resource_exhausted(status.message()))
+}
+
+/// A gRPC service whose answers go through [`over_the_limit`]: tonic
+/// decodes a unary request before the handler runs, so its status can only
+/// be changed on the way out. (A stream's messages are decoded as the
+/// handler reads them: `serve_stream` maps its own.)
+#[derive(Clone)]
+pub struct MessageLimit<S>(pub S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for MessageLimit<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> tonic::codegen::Service<http::Request<B>> for MessageLimit<S>
+where
+    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = tonic::codegen::BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            // A unary call's error is trailers-only: its status is in the headers.
+            if let Some(status) = Status::from_header_map(response.headers())
+                && let Some(exhausted) = over_the_limit(&status)
+            {
+                let _ = exhausted.add_header(response.headers_mut());
+            }
+            Ok(response)
+        })
+    }
 }
 
 /// An empty version field means "the server's choice".
@@ -499,6 +552,11 @@ async fn serve_stream(
                     });
                 }
                 Ok(None) => reading = false,
+                // A message over the limit ends the stream with its status.
+                Err(status) if let Some(exhausted) = over_the_limit(&status) => {
+                    let _ = answers.send(Err(exhausted)).await;
+                    break;
+                }
                 // The client cancelled the call or the connection broke.
                 Err(_) => break,
             },

@@ -108,7 +108,7 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
         .send_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Deflate);
     let mesh = (service.lifecycle.mode() == ControlMode::ModelMesh)
-        .then(|| ModelRuntimeServer::new(modelmesh::MeshRuntime { service: service.clone() }));
+        .then(|| grpc::MessageLimit(ModelRuntimeServer::new(modelmesh::MeshRuntime { service: service.clone() })));
     let (health, health_service) = tonic_health::server::health_reporter();
     // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
     let restrictions = service.grpc_restrictions.clone();
@@ -134,7 +134,7 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
     let task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(inference)
+            .add_service(grpc::MessageLimit(inference))
             .add_optional_service(mesh)
             // Without TCP_NODELAY small answers wait for the peer's delayed ACK (~40 ms).
             .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
