@@ -1,11 +1,12 @@
 //! The KServe v2 HTTP front end on axum: the route table, body limits,
-//! compression, and the counting of inference requests in flight. The
-//! handlers are in `routes`.
+//! compression, the counting of inference requests in flight, and the
+//! refusal of a body announced too large. The handlers are in `routes`.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -87,6 +88,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .layer(DefaultBodyLimit::max(service.max_body_bytes))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::map_response(explain_unsupported_encoding))
+        .layer(middleware::from_fn_with_state(service.clone(), refuse_announced_excess))
         .with_state(service)
 }
 
@@ -106,22 +108,20 @@ async fn require_header(State((service, api)): State<(Arc<Service>, Api)>, reque
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     match service.http_restrictions.check(api, header) {
         Ok(()) => next.run(request).await,
-        Err(missing) => ApiError::new(
-            axum::http::StatusCode::FORBIDDEN,
-            format!("This API is restricted, expecting header '{missing}'"),
-        )
-        .into_response(),
+        Err(missing) => {
+            ApiError::new(StatusCode::FORBIDDEN, format!("This API is restricted, expecting header '{missing}'"))
+                .into_response()
+        }
     }
 }
 
 /// The decompression layer refuses an unknown `Content-Encoding` with an
 /// empty 415; every failure says why in `{"error"}`.
 async fn explain_unsupported_encoding(response: Response) -> Response {
-    if response.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
-        && !response.headers().contains_key(axum::http::header::CONTENT_TYPE)
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && !response.headers().contains_key(header::CONTENT_TYPE)
     {
         let message = "unsupported Content-Encoding; send the body as is, gzip or deflate";
-        return ApiError::new(axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response();
+        return ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message).into_response();
     }
     response
 }
@@ -132,5 +132,27 @@ async fn track_inference(State(service): State<Arc<Service>>, request: Request, 
     match service.begin_inference() {
         Ok(_counted) => next.run(request).await,
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// A request whose `Content-Length` announces more than
+/// `--http-max-body-bytes` gets its 413 as soon as its headers arrive: no
+/// body byte is read, so hyper sends no `100 Continue` either.
+async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    let announced =
+        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let max = service.max_body_bytes;
+    match announced {
+        Some(length) if length > max as u64 => {
+            // Begins as the text of a body found too long while read.
+            let message = format!(
+                "request JSON size of {length} bytes (Content-Length) exceeds the maximum allowed input size of {max} bytes (--http-max-body-bytes)"
+            );
+            let mut response = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+            // The body is never read, so the connection cannot carry another request.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+        _ => next.run(request).await,
     }
 }

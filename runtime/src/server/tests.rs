@@ -233,3 +233,26 @@ async fn restricted_apis_need_their_header() {
     assert_eq!(with_header("/v2/repository/index", "guess").await.unwrap().status(), StatusCode::FORBIDDEN);
     assert_eq!(call(&service, "GET", "/v2/models/twice", "").await.0, StatusCode::OK, "metadata is not restricted");
 }
+
+#[tokio::test]
+async fn a_content_length_over_the_limit_is_refused_before_the_body_is_read() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    // The body never comes: only the announced length is looked at.
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v2/models/twice/infer")
+        .header("content-length", "1048577")
+        .body(Body::empty())
+        .unwrap();
+    let response = router(service.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()["connection"], "close");
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        body,
+        error(
+            "request JSON size of 1048577 bytes (Content-Length) exceeds the maximum allowed input size of 1048576 bytes (--http-max-body-bytes)"
+        )
+    );
+}
