@@ -1,6 +1,7 @@
 //! The KServe v2 HTTP front end on axum: the route table, body limits,
-//! compression, the counting of inference requests in flight, and the
-//! refusal of a body announced too large. The handlers are in `routes`.
+//! compression, the counting of inference requests in flight, connections
+//! closed from shutdown on, and a JSON body for hyper's own error answers.
+//! The handlers are in `routes`.
 
 use std::sync::Arc;
 
@@ -89,6 +90,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::map_response(explain_unsupported_encoding))
         .layer(middleware::from_fn_with_state(service.clone(), refuse_announced_excess))
+        .layer(middleware::map_response_with_state(service.clone(), close_when_shutting_down))
         .with_state(service)
 }
 
@@ -155,4 +157,75 @@ async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: R
         }
         _ => next.run(request).await,
     }
+}
+
+/// From SIGTERM on every answer closes its connection: a keep-alive client
+/// reconnects, through its load balancer, to a server that stays, and no
+/// idle connection is left for shutdown to close under a request.
+async fn close_when_shutting_down(State(service): State<Arc<Service>>, mut response: Response) -> Response {
+    if service.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+// hyper's limits on a request's head, which `axum::serve` leaves at
+// hyper's defaults (it offers no way to set them).
+/// The longest request URI hyper takes.
+const HYPER_MAX_URI: usize = 65534;
+/// The most headers hyper takes.
+const HYPER_MAX_HEADERS: usize = 100;
+/// hyper's read buffer, which the request line and headers must fit.
+const HYPER_MAX_HEAD: usize = 8192 + 4096 * 100;
+
+/// hyper answers a request it cannot parse (malformed: 400; URI too long:
+/// 414; headers too many or too large: 431) itself, before any service of
+/// ours runs, with an empty body, and has no hook to change that answer
+/// (hyperium/hyper#3911 proposes one). So `listeners` hands each write of
+/// a connection here: when `written` is exactly such an answer (its status
+/// line, `connection: close`, `content-length: 0` and `date`, nothing
+/// else; our own 400s always carry a JSON body), the answer to write
+/// instead, with the same status and a JSON body saying what was wrong.
+pub(super) fn explain_automatic_answer(written: &[u8]) -> Option<Vec<u8>> {
+    let head = written.strip_suffix(b"\r\n\r\n")?;
+    let mut lines = head.split(|&b| b == b'\n').map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    let status_line = lines.next()?;
+    let (status, message) = match status_line {
+        b"HTTP/1.1 400 Bad Request" => (
+            StatusCode::BAD_REQUEST,
+            "malformed HTTP/1.1 request: its request line or a header (such as Content-Length or Transfer-Encoding) cannot be parsed"
+                .to_owned(),
+        ),
+        b"HTTP/1.1 414 URI Too Long" => {
+            (StatusCode::URI_TOO_LONG, format!("the request URI is longer than {HYPER_MAX_URI} bytes"))
+        }
+        b"HTTP/1.1 431 Request Header Fields Too Large" => (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request has more than {HYPER_MAX_HEADERS} headers, or more than {HYPER_MAX_HEAD} bytes of request line and headers"
+            ),
+        ),
+        _ => return None,
+    };
+    let mut date = None;
+    for line in lines {
+        match line {
+            b"connection: close" | b"content-length: 0" => {}
+            line if line.starts_with(b"date: ") => date = Some(line),
+            _ => return None,
+        }
+    }
+    tracing::debug!(status = status.as_u16(), "{message}");
+    let body = serde_json::json!({ "error": message }).to_string();
+    let mut answer = Vec::with_capacity(status_line.len() + body.len() + 128);
+    answer.extend_from_slice(status_line);
+    answer.extend_from_slice(b"\r\ncontent-type: application/json\r\nconnection: close\r\n");
+    answer.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    if let Some(date) = date {
+        answer.extend_from_slice(date);
+        answer.extend_from_slice(b"\r\n");
+    }
+    answer.extend_from_slice(b"\r\n");
+    answer.extend_from_slice(body.as_bytes());
+    Some(answer)
 }

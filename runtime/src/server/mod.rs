@@ -84,9 +84,11 @@ pub struct ServeOptions {
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
 /// metrics and gRPC, loads the models the control mode asks for, polls the
 /// repositories in poll mode, and serves until SIGTERM/SIGINT. Then
-/// readiness turns false, new inference gets 503 (after the drain delay),
-/// accepted requests finish, and it returns; when some are still running
-/// after `exit_timeout`, the process exits at once with status 1.
+/// readiness turns false and HTTP answers close their connections, new
+/// inference gets 503 (after the drain delay), accepted requests finish,
+/// the listeners close without resetting a connection they took, and it
+/// returns; when some requests are still running after `exit_timeout`, the
+/// process exits at once with status 1.
 ///
 /// # Errors
 /// A message when ONNX Runtime or wasmtime cannot start, a repository is
@@ -104,8 +106,9 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     shutdown::signalled().await;
     shutdown::stop_taking(&service, opts.drain_delay).await;
     background.abort();
-    shutdown::finish_accepted(&service, opts.exit_timeout).await;
-    listeners.stop().await?;
+    let deadline = tokio::time::Instant::now() + opts.exit_timeout;
+    shutdown::finish_accepted(&service, deadline).await;
+    listeners.stop(deadline).await?;
     tracing::info!("stopped");
     // The models are not dropped on the way out: dropping one joins its
     // workers, and a worker stuck in a backend call would hold the process.

@@ -1,10 +1,14 @@
 //! Graceful shutdown: after SIGTERM or SIGINT readiness turns false at
-//! once; for the drain delay new requests are still taken (load balancers
-//! take a moment to notice); then new inference gets 503 and accepted
-//! requests finish, up to the exit timeout.
+//! once, and every HTTP answer closes its connection; for the drain delay
+//! new requests are still taken (load balancers take a moment to notice);
+//! then new inference gets 503 and accepted requests finish, up to the
+//! exit timeout. Last the listeners close without resetting a connection
+//! they took (`listeners`): a request is answered or refused at connect.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::Service;
 
@@ -35,13 +39,12 @@ pub(super) async fn stop_taking(service: &Service, drain_delay: Duration) {
     tracing::info!("shutting down: refusing new inference, finishing accepted requests");
 }
 
-/// Waits up to `exit_timeout` for the requests in flight. If some are still
+/// Waits until `deadline` for the requests in flight. If some are still
 /// running then (a backend call cannot be cancelled: a TorchScript loop, a
 /// hung remote), the process exits at once with status 1: waiting for them,
 /// or for the workers that run them, would hold the process past the
 /// timeout the orchestrator was promised.
-pub(super) async fn finish_accepted(service: &Service, exit_timeout: Duration) {
-    let deadline = Instant::now() + exit_timeout;
+pub(super) async fn finish_accepted(service: &Service, deadline: Instant) {
     while service.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
         tokio::time::sleep(DRAIN_POLL).await;
     }

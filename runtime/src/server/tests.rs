@@ -256,3 +256,54 @@ async fn a_content_length_over_the_limit_is_refused_before_the_body_is_read() {
         )
     );
 }
+
+#[tokio::test]
+async fn answers_close_their_connection_once_shutdown_began() {
+    let (_repo, service) = started(ControlMode::Explicit).await;
+    let connection = |service: &Arc<Service>| {
+        let request = Request::builder().uri("/v2").body(Body::empty()).unwrap();
+        let answer = router(service.clone()).oneshot(request);
+        async { answer.await.unwrap().headers().get("connection").cloned() }
+    };
+    assert_eq!(connection(&service).await, None);
+    service.shutting_down.store(true, Ordering::Release);
+    assert_eq!(connection(&service).await.unwrap(), "close");
+}
+
+#[test]
+fn hyper_s_own_error_answers_are_explained_and_nothing_else() {
+    use super::http::explain_automatic_answer;
+    let hyper = |status: &str| {
+        format!(
+            "HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 02 Dec 2026 19:59:19 GMT\r\n\r\n"
+        )
+    };
+    let cases = [
+        (
+            "400 Bad Request",
+            "malformed HTTP/1.1 request: its request line or a header (such as Content-Length or Transfer-Encoding) cannot be parsed",
+        ),
+        ("414 URI Too Long", "the request URI is longer than 65534 bytes"),
+        (
+            "431 Request Header Fields Too Large",
+            "the request has more than 100 headers, or more than 417792 bytes of request line and headers",
+        ),
+    ];
+    for (status, message) in cases {
+        let answer = String::from_utf8(explain_automatic_answer(hyper(status).as_bytes()).unwrap()).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}\r\n")), "{head}");
+        assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
+        assert!(head.contains(&format!("\r\ncontent-length: {}\r\n", body.len())), "{head}");
+        assert_eq!(serde_json::from_str::<Value>(body).unwrap(), error(message));
+    }
+    for other in [
+        hyper("200 OK"),
+        hyper("413 Payload Too Large"),
+        hyper("400 Bad Request").replace("content-length: 0", "content-length: 2"),
+        hyper("400 Bad Request").replace("\r\n\r\n", "\r\ncontent-type: application/json\r\n\r\n"),
+        hyper("400 Bad Request") + "{}",
+    ] {
+        assert_eq!(explain_automatic_answer(other.as_bytes()), None, "{other}");
+    }
+}
