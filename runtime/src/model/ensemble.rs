@@ -204,14 +204,10 @@ fn fit(shape: &[i64], batched: bool, dims: &[i64], batching: bool) -> Vec<i64> {
 fn in_step(name: &str, i: usize, step: &Step, e: Error) -> Error {
     let wrap = |m: String| format!("in ensemble '{name}', {m} (step {i}, model '{}')", step.model);
     match e {
-        Error::InvalidArgument(m) => Error::InvalidArgument(wrap(m)),
+        // A step the ensemble names but cannot find leaves the ensemble
+        // unable to serve, not the client's request unknown.
         Error::NotFound(m) => Error::Unavailable(wrap(m)),
-        Error::AlreadyExists(m) => Error::AlreadyExists(wrap(m)),
-        Error::Unavailable(m) => Error::Unavailable(wrap(m)),
-        Error::Overloaded(o) => Error::Overloaded(o.map_message(wrap)),
-        Error::BadGateway(m) => Error::BadGateway(wrap(m)),
-        Error::Internal(m) => Error::Internal(wrap(m)),
-        Error::Unsupported(m) => Error::Unsupported(wrap(m)),
+        e => e.map_message(wrap),
     }
 }
 
