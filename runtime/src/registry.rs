@@ -57,7 +57,7 @@ pub struct Slot<M = Model> {
     pub state: VersionState<M>,
     /// The last failure, if any.
     pub reason: String,
-    /// Measured memory footprint while READY, in bytes.
+    /// Accounted memory footprint while READY, in bytes.
     pub bytes: u64,
 }
 
@@ -105,7 +105,7 @@ pub struct IndexEntry {
     pub state: RepositoryState,
     /// Why it is UNAVAILABLE, or why its last reload failed; else empty.
     pub reason: String,
-    /// Memory the version holds while READY (measured at load), in bytes.
+    /// Memory the version holds while READY (accounted at load), in bytes.
     pub resident_bytes: u64,
 }
 

@@ -34,7 +34,7 @@ pub enum Admission {
 /// One resident model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resident {
-    /// Measured footprint of its loaded versions, in bytes.
+    /// Accounted footprint of its loaded versions, in bytes.
     pub bytes: u64,
     /// Never evicted (loaded by `--load-model`, or `pinned` in its config).
     pub pinned: bool,
@@ -45,7 +45,7 @@ struct State {
     /// Resident models, most recently used first. Unbounded: the byte
     /// budget, not the entry count, decides what leaves.
     lru: Option<LruCache<String, Resident>>,
-    /// The last measured footprint of every model ever loaded, resident or
+    /// The last accounted footprint of every model ever loaded, resident or
     /// not: the size to make room for before loading it again.
     footprints: HashMap<String, u64>,
     /// Models never evicted whatever their configuration says
@@ -184,7 +184,7 @@ impl Residency {
         chosen
     }
 
-    /// Records `name` as resident with its measured footprint, most recently
+    /// Records `name` as resident with its accounted footprint, most recently
     /// used; pinned if `pinned` (its configuration says so) or it was
     /// pinned with [`Residency::pin`].
     pub fn admit(&self, name: &str, bytes: u64, pinned: bool) {
@@ -203,16 +203,6 @@ impl Residency {
 /// Bytes in MiB with one decimal, for messages.
 pub fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-
-/// The process's resident set size in bytes (Linux `/proc/self/statm`); 0
-/// where it cannot be read.
-pub fn process_rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096)
 }
 
 /// The memory this process may use, in bytes: its cgroup's limit (v2

@@ -71,6 +71,11 @@ impl Backend for IdentityModel {
         &[]
     }
 
+    /// No weights: each output is a copy of its input.
+    fn resident_bytes(&self) -> u64 {
+        0
+    }
+
     fn execute(&self, mut inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);

@@ -103,6 +103,12 @@ pub trait Backend: Send + Sync {
     fn outputs(&self) -> &[ModelIo];
     /// Custom key/value metadata stored in the model file.
     fn metadata(&self) -> &[(String, String)];
+    /// Host memory this instance holds, in bytes, as its framework accounts
+    /// for it: a property of the model, the same for identical copies
+    /// whatever else the process does at the time (a measurement of the
+    /// whole process would charge a load with other requests' buffers). 0
+    /// for what holds no weights (identity, remote).
+    fn resident_bytes(&self) -> u64;
     /// Runs the model once. Blocks: call it off the async executor.
     ///
     /// # Errors

@@ -4,8 +4,9 @@
 use std::path::Path;
 use std::sync::Mutex;
 
+use ort::AsPointer;
 use ort::environment::Environment;
-use ort::memory::Allocator;
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
@@ -94,7 +95,8 @@ impl OnnxRuntime {
         let inputs = io(session.inputs());
         let outputs = io(session.outputs());
         let metadata = read_metadata(&session)?;
-        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata })
+        let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata, file_bytes })
     }
 }
 
@@ -104,6 +106,8 @@ pub struct OnnxModel {
     inputs: Vec<ModelIo>,
     outputs: Vec<ModelIo>,
     metadata: Vec<(String, String)>,
+    /// The size of the model file, in bytes.
+    file_bytes: u64,
 }
 
 impl Backend for OnnxModel {
@@ -125,6 +129,24 @@ impl Backend for OnnxModel {
 
     fn metadata(&self) -> &[(String, String)] {
         &self.metadata
+    }
+
+    /// The bytes the session's CPU arena took (`TotalAllocated`: weights
+    /// it holds and the buffers its runs so far grew it to), plus the
+    /// weights held outside it, bounded by the model file's size less what
+    /// the arena holds between runs (`InUse`). Every session has an arena
+    /// of its own, so other models' requests never count. Waits for a run
+    /// in progress; the file's size alone when ONNX Runtime cannot say.
+    fn resident_bytes(&self) -> u64 {
+        let stats =
+            self.session.lock().map_err(|_| "the session was poisoned".to_owned()).and_then(|s| ArenaStats::of(&s));
+        match stats {
+            Ok(stats) => stats.total + self.file_bytes.saturating_sub(stats.in_use),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the ONNX Runtime arena's statistics");
+                self.file_bytes
+            }
+        }
     }
 
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
@@ -151,6 +173,55 @@ impl Backend for OnnxModel {
             })
             .collect::<Result<_, String>>()
             .map_err(BackendError::Failed)
+    }
+}
+
+/// A session's CPU arena as ONNX Runtime's `AllocatorGetStats` reports it
+/// (keys from `onnxruntime/core/framework/allocator_stats`), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ArenaStats {
+    /// `TotalAllocated`: what the arena took from the system. It never
+    /// shrinks, so it covers the largest run so far.
+    total: u64,
+    /// `InUse`: what live tensors hold between runs (prepacked weights,
+    /// initializers placed in the arena).
+    in_use: u64,
+}
+
+impl ArenaStats {
+    /// The statistics of `session`'s CPU arena.
+    fn of(session: &Session) -> Result<ArenaStats, String> {
+        let info = MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Arena, MemoryType::Default)
+            .map_err(|e| e.to_string())?;
+        let allocator = Allocator::new(session, info).map_err(|e| e.to_string())?;
+        let api = ort::api();
+        let mut pairs = std::ptr::null_mut();
+        // SAFETY: the allocator belongs to the live session; on success ONNX
+        // Runtime hands over `pairs`, released below.
+        unsafe { ort::Error::result_from_status((api.AllocatorGetStats)(allocator.ptr(), &mut pairs)) }
+            .map_err(|e| e.to_string())?;
+        let (mut keys, mut values, mut count) = (std::ptr::null(), std::ptr::null(), 0usize);
+        let mut stats = ArenaStats::default();
+        let mut found = 0;
+        // SAFETY: `pairs` is valid; the arrays it fills live as long as it
+        // does and hold `count` NUL-terminated strings each.
+        unsafe {
+            (api.GetKeyValuePairs)(pairs, &mut keys, &mut values, &mut count);
+            for i in 0..count {
+                let key = std::ffi::CStr::from_ptr(*keys.add(i)).to_bytes();
+                let value = std::ffi::CStr::from_ptr(*values.add(i)).to_str().ok().and_then(|v| v.parse().ok());
+                match (key, value) {
+                    (b"TotalAllocated", Some(v)) => (stats.total, found) = (v, found + 1),
+                    (b"InUse", Some(v)) => (stats.in_use, found) = (v, found + 1),
+                    _ => {}
+                }
+            }
+            (api.ReleaseKeyValuePairs)(pairs);
+        }
+        if found < 2 {
+            return Err("the arena's statistics lack TotalAllocated or InUse".to_owned());
+        }
+        Ok(stats)
     }
 }
 

@@ -376,6 +376,11 @@ impl Backend for RemoteModel {
         &[]
     }
 
+    /// The weights live on the remote server.
+    fn resident_bytes(&self) -> u64 {
+        0
+    }
+
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         let (body, header_length) = encode(&inputs, &self.outputs);
         let url = format!("{}/infer", self.remote.config.model_url());

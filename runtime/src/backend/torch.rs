@@ -91,7 +91,9 @@ impl Libtorch {
         let (input_io, input_positions) = signature(inputs, batching, Some(&mut || forward_arguments(path)))?;
         check_positions(&input_io, &input_positions)?;
         let (output_io, output_indices) = signature(outputs, batching, None)?;
+        let host_bytes = if device == Device::Cpu { parameter_bytes(&module) } else { 0 };
         let model = TorchModel {
+            host_bytes,
             module: ManuallyDrop::new(module),
             device,
             inputs: input_io,
@@ -109,9 +111,18 @@ impl Libtorch {
     }
 }
 
+/// The bytes of `module`'s parameters (elements times element size); 0 when
+/// libtorch cannot list them.
+fn parameter_bytes(module: &CModule) -> u64 {
+    let parameters = module.named_parameters().unwrap_or_default();
+    parameters.iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum()
+}
+
 /// One TorchScript module on one device.
 pub struct TorchModel {
     module: ManuallyDrop<CModule>,
+    /// The bytes of its parameters in host memory (0 on a GPU).
+    host_bytes: u64,
     device: Device,
     inputs: Vec<ModelIo>,
     /// The forward argument position of each input.
@@ -140,6 +151,12 @@ impl Backend for TorchModel {
 
     fn metadata(&self) -> &[(String, String)] {
         &[]
+    }
+
+    /// The bytes of the module's parameters when it runs on the CPU (on a
+    /// GPU they are device memory, not host memory).
+    fn resident_bytes(&self) -> u64 {
+        self.host_bytes
     }
 
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {

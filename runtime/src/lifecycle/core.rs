@@ -41,7 +41,7 @@ pub(super) struct ModelRecord {
     pub(super) attempted: Option<(ModelFiles, Option<String>)>,
     /// Why that attempt failed, if it did.
     pub(super) failure: Option<LoadError>,
-    /// Each READY version's origin and measured footprint in bytes.
+    /// Each READY version's origin and accounted footprint in bytes.
     loaded: BTreeMap<u64, (LoadKey, u64)>,
     /// The folder the last load's `file:` parameters made, kept while a
     /// version loaded from it may serve.
@@ -49,7 +49,7 @@ pub(super) struct ModelRecord {
 }
 
 impl ModelRecord {
-    /// The measured footprint of the model's READY versions, in bytes.
+    /// The accounted footprint of the model's READY versions, in bytes.
     pub(super) fn footprint(&self) -> u64 {
         self.loaded.values().map(|(_, bytes)| bytes).sum()
     }
@@ -298,7 +298,7 @@ impl Core {
 
     /// Loads one version off the async executor, at most
     /// `--model-load-concurrency` at a time; returns the model, given the
-    /// labels its ensemble steps write, and its measured footprint in bytes.
+    /// labels its ensemble steps write, and its accounted footprint in bytes.
     async fn load_version(
         &self,
         dir: &ModelDir,
@@ -317,7 +317,7 @@ impl Core {
         let loading = tokio::task::spawn_blocking(move || loader.load(&dir, version, &config));
         let result = loading.await.map_err(|e| LoadError::Failed(format!("loading panicked: {e}")));
         self.metrics.residency.loads_in_progress.dec();
-        let (mut model, bytes) = result??;
+        let (mut model, least) = result??;
         model.inherit_labels(step_labels.clone());
         let model = Arc::new(model);
         let runner = Arc::new(WarmUpRunner { model: model.clone(), registry: self.registry.clone() });
@@ -325,6 +325,10 @@ impl Core {
         if samples > 0 {
             tracing::info!(model = %model.name, version, samples, "load: plugin warm-up done");
         }
+        // Counted by the model's runtimes, after every warm-up: the same for
+        // identical copies whatever the other models are doing.
+        let bytes = model.resident_bytes().max(least);
+        tracing::info!(model = %model.name, version, bytes, "load: footprint");
         Ok((model, bytes))
     }
 
@@ -360,7 +364,7 @@ impl Core {
         Ok(())
     }
 
-    /// Records `name`'s measured footprint once its load finished, and
+    /// Records `name`'s accounted footprint once its load finished, and
     /// makes room if it turned out larger than room was made for.
     ///
     /// # Errors

@@ -14,8 +14,10 @@ use crate::residency;
 /// Loads model versions.
 pub trait Loader: Send + Sync {
     /// Loads and warms up version `version` of `dir` with `config`, and
-    /// returns it with its memory footprint in bytes. Blocks: the lifecycle
-    /// calls it off the async executor.
+    /// returns it with the least memory it can hold, in bytes (the size of
+    /// its weight files); its footprint is the larger of that and what
+    /// [`Model::resident_bytes`] accounts once its plugin warmed up too.
+    /// Blocks: the lifecycle calls it off the async executor.
     ///
     /// # Errors
     /// [`LoadError::Failed`] with the reason the version cannot serve.
@@ -42,27 +44,19 @@ impl RuntimeLoader {
 
 impl Loader for RuntimeLoader {
     /// Logs each stage (`load: start`, `session created`, `warm-up done`,
-    /// `ready`) with the milliseconds since the start. The footprint is the
-    /// growth of the process's resident memory across the load, and at least
-    /// the size of the version's files (loads running side by side share
-    /// their growth, so a footprint can come out high, never below the
-    /// weights).
+    /// `ready`) with the milliseconds since the start.
     fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
         let started = Instant::now();
         let ms = || started.elapsed().as_millis() as u64;
-        // A plugin compiles (once per process and file) before the
-        // measurement starts: what the compiler keeps is the process's, not
-        // this model's. A failure here is reported by the load itself.
+        // A plugin compiles into the cache (once per process and file)
+        // first, so the load itself only maps the compiled code. A failure
+        // here is reported by the load itself.
         if let Some(file) = config::parameter(config, PLUGIN_PARAMETER).filter(|f| !f.is_empty()) {
             let wasm = dir.path.join(file);
             if wasm.is_file() && crate::repository::is_within(&wasm, &dir.path) {
                 let _ = self.runtimes.plugins.precompile(&wasm);
             }
         }
-        // Free pages go back before and after, so the growth measured is
-        // what this load keeps, not what it or another freed.
-        residency::release_freed_memory();
-        let rss_before = residency::process_rss();
         tracing::info!(model = %dir.name, version, "load: start");
         let loaded = Model::load(dir, version, config, &self.runtimes).and_then(|model| {
             tracing::info!(model = %dir.name, version, ms = ms(), "load: session created");
@@ -75,11 +69,12 @@ impl Loader for RuntimeLoader {
             // What the failed load allocated goes back to the system.
             residency::release_freed_memory();
         })?;
+        // What the load allocated and freed (model files parsed, trial
+        // runs) goes back to the system.
         residency::release_freed_memory();
         let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
-        let bytes = residency::process_rss().saturating_sub(rss_before).max(weights);
-        tracing::info!(model = %dir.name, version, ms = ms(), bytes, "load: ready");
+        tracing::info!(model = %dir.name, version, ms = ms(), weights, "load: ready");
         self.runtimes.metrics.load_duration(&dir.name, version, started.elapsed().as_secs_f64());
-        Ok((model, bytes))
+        Ok((model, weights))
     }
 }

@@ -4,7 +4,7 @@
 //! Every model is the doubler of `backend::fake` (FP32 `x` → `y = 2x`,
 //! dims `[1]`) behind a real scheduler. Its `config.pbtxt` steers the fake:
 //! `parameters { key: "fake.fail" ... }` makes every load fail with that
-//! message, `fake.bytes` sets the measured footprint (default 1 MiB).
+//! message, `fake.bytes` sets the accounted footprint (default 1 MiB).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -16,7 +16,7 @@ pub struct ResidencyMetrics {
     pub loads: IntCounterVec,
     /// Evictions to make room, by model.
     pub evictions: IntCounterVec,
-    /// Measured footprint of each resident model, in bytes.
+    /// Accounted footprint of each resident model, in bytes.
     pub resident_bytes: IntGaugeVec,
     /// `--model-memory-budget` in bytes (0: none).
     pub budget_bytes: IntGauge,
@@ -35,7 +35,10 @@ impl ResidencyMetrics {
             register(registry, IntCounterVec::new(Opts::new(name, help), &["model"]).expect("valid metric"))
         };
         let resident_bytes = IntGaugeVec::new(
-            Opts::new("plinth_model_resident_bytes", "Measured memory footprint of each resident model, in bytes"),
+            Opts::new(
+                "plinth_model_resident_bytes",
+                "Host memory each resident model holds, in bytes, as its runtimes account for it",
+            ),
             &["model"],
         )
         .expect("valid metric");

@@ -353,6 +353,19 @@ impl Model {
         }
     }
 
+    /// Host memory the model holds, in bytes, as its runtimes account for
+    /// it: each instance's (ONNX Runtime's session arena, libtorch's
+    /// parameters) and its plugin's (compiled code and instance memory).
+    /// Nothing another model or request allocates is in it; 0 for an
+    /// ensemble, whose steps are models of their own.
+    pub fn resident_bytes(&self) -> u64 {
+        let instances = match &self.engine {
+            Engine::Backends { instances, .. } => instances.iter().map(|i| i.resident_bytes()).sum(),
+            Engine::Ensemble(_) => 0,
+        };
+        instances + self.plugin.as_ref().map_or(0, |p| p.resident_bytes())
+    }
+
     /// Runs the configuration's `model_warmup` samples through every
     /// instance, each `count` times (at least once); returns the number of
     /// runs.

@@ -18,6 +18,7 @@ mod cache;
 pub mod compose;
 mod contract;
 mod convert;
+mod memory;
 pub mod scaffold;
 #[cfg(test)]
 mod tests;
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
@@ -39,6 +40,7 @@ use compose::Composition;
 pub use compose::{CallContext, ModelRunner};
 pub use contract::ContractVersion;
 use contract::{Exports, Pre};
+use memory::CountingLimits;
 
 /// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -259,8 +261,11 @@ impl PluginHost {
         let not_a_plugin = |e: wasmtime::Error| format!("{label} is not a plinth:plugin@{version} component: {e}");
         let instance_pre = self.linker.instantiate_pre(&component).map_err(not_a_plugin)?;
         let pre = Pre::new(version, instance_pre).map_err(not_a_plugin)?;
+        let image = component.image_range();
+        let code_bytes = (image.end as usize).saturating_sub(image.start as usize) as u64;
         let plugin = Plugin {
             label,
+            code_bytes,
             engine: self.engine.clone(),
             pre,
             info,
@@ -370,7 +375,7 @@ pub fn runs() -> String {
 struct InstanceState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: CountingLimits,
     composition: Composition,
 }
 
@@ -391,6 +396,8 @@ struct Instance {
 pub struct Plugin {
     /// "plugin 'x.wasm' of model 'm'", the prefix of every error.
     label: String,
+    /// The size of its compiled code in memory, in bytes.
+    code_bytes: u64,
     engine: Engine,
     pre: Pre<InstanceState>,
     info: ModelInfo,
@@ -404,6 +411,15 @@ pub struct Plugin {
 }
 
 impl Plugin {
+    /// Host memory the plugin holds, in bytes: its compiled code and the
+    /// linear memories of its idle instances (an instance running a call
+    /// is not counted until it is back). Right after the load that is the
+    /// instance it started and warmed up.
+    pub fn resident_bytes(&self) -> u64 {
+        let idle = self.idle.lock().expect("idle pool");
+        self.code_bytes + idle.iter().map(|inst| inst.store.data().limits.bytes() as u64).sum::<u64>()
+    }
+
     /// Runs `preprocess`: a raw request in, the model's input tensors out.
     /// `context` says where composed calls go and which models' plugins
     /// already run for this request, this one last (see [`compose`]).
@@ -517,7 +533,7 @@ impl Plugin {
         wasi.stderr(stderr.clone()).allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
         wasi.preopened_dir(&self.model_dir, MODEL_MOUNT, FsPerms::ReadOnly)
             .map_err(|e| self.failed(&format!("cannot open its model folder {}: {e}", self.model_dir.display())))?;
-        let limits = StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).build();
+        let limits = CountingLimits::new(self.limits.memory_bytes);
         let state = InstanceState {
             wasi: wasi.build(),
             table: ResourceTable::new(),

@@ -61,6 +61,9 @@ impl Backend for Accumulator {
     fn metadata(&self) -> &[(String, String)] {
         &[]
     }
+    fn resident_bytes(&self) -> u64 {
+        0
+    }
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         if let Some(gate) = &self.gate {
             gate.pass();
