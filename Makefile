@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test bench bench-peers soak dist
+.PHONY: setup serve test bench bench-peers soak dist fuzz
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 # torch-sys links the slim libtorch that scripts/setup.sh unzips.
@@ -38,6 +38,7 @@ bench: setup
 	.venv/bin/python bench/vad_stream.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
+	cargo run --release --locked -p plinth-bench --bin tracing
 
 # Soak and chaos (bench/): memory over unload/load cycles under traffic, 500
 # version reloads, a load/unload storm under traffic, kill -9 during loads
@@ -48,6 +49,12 @@ soak: setup
 	.venv/bin/python bench/storm.py
 	.venv/bin/python bench/kill_restart.py
 	.venv/bin/python bench/file_loss.py
+
+# Fuzzing (fuzz/, cargo-fuzz and libFuzzer): every target for SECONDS each
+# from the committed corpus, which `make test` replays. JOBS=2 runs two at once.
+SECONDS ?= 60
+fuzz:
+	scripts/fuzz.sh $(SECONDS)
 
 # Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
 bench-peers: setup

@@ -18,7 +18,7 @@ import sys
 # Lowest first; modules on one line are one layer (README "Layout").
 LAYERS = [
     ["tensor", "error"],
-    ["config", "repository", "metrics", "protocol"],
+    ["config", "repository", "metrics", "protocol", "trace"],
     ["backend"],
     ["scheduler"],
     ["plugin"],
@@ -26,7 +26,7 @@ LAYERS = [
     ["registry", "residency"],
     ["lifecycle"],
     ["server"],
-    ["cli"],
+    ["cli", "fuzzing"],
 ]
 
 CRATE_PATH = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")

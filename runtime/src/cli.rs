@@ -113,8 +113,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_loaded_models: Option<usize>,
 
-    /// Model loads that run at once (default: one per core; in modelmesh
-    /// mode one, so that each measured size is that model's alone).
+    /// Model loads that run at once (default: one per core).
     #[arg(long)]
     pub model_load_concurrency: Option<usize>,
 
@@ -218,6 +217,19 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_client_shm: bool,
 
+    /// Request tracing with OpenTelemetry, as Triton's flag (repeat):
+    /// `level=TIMESTAMPS` (default OFF), `rate=N` (one request in N,
+    /// default 1000; 0: only requests with a sampled `traceparent`),
+    /// `count=N` (traces by rate to take; -1, the default, no limit),
+    /// `mode=opentelemetry` (the only mode), and for the OTLP exporter
+    /// `opentelemetry,url=HOST:PORT[/PATH]` (default localhost:4318/v1/traces),
+    /// `opentelemetry,protocol=http/protobuf|grpc`,
+    /// `opentelemetry,resource=KEY=VALUE`, `opentelemetry,bsp_max_queue_size=N`,
+    /// `opentelemetry,bsp_schedule_delay=MS`,
+    /// `opentelemetry,bsp_max_export_batch_size=N`.
+    #[arg(long, value_name = "[MODE,]SETTING=VALUE")]
+    pub trace_config: Vec<String>,
+
     /// Verbose logging level: 0 info, 1 debug, 2 trace.
     #[arg(long, default_value_t = 0)]
     pub log_verbose: u8,
@@ -274,9 +286,7 @@ impl ServeArgs {
             model_repositories: self.model_repositories.clone(),
             control_mode: self.model_control_mode,
             load_limits: LoadLimits {
-                // A load's size is the memory the process grew by during it:
-                // loads side by side would count each other's.
-                concurrency: self.model_load_concurrency.unwrap_or(if mesh { 1 } else { cores }),
+                concurrency: self.model_load_concurrency.unwrap_or(cores),
                 timeout: Duration::from_secs(self.model_load_timeout_secs),
                 budget: Budget {
                     bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),
@@ -312,6 +322,7 @@ impl ServeArgs {
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
             response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
+            trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
     }
 }

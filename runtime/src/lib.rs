@@ -14,6 +14,8 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model;
@@ -25,3 +27,4 @@ pub mod residency;
 pub mod scheduler;
 pub mod server;
 pub mod tensor;
+pub mod trace;

@@ -62,11 +62,11 @@ class Plinth:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         threading.Thread(target=self._read_log, daemon=True).start()
-        metrics = self._wait_for(r"metrics listening on (\S+)")
+        metrics = self._wait_for(r'metrics listening on ([^\s"]+)')
         self.metrics_url = f"127.0.0.1:{metrics.rsplit(':', 1)[1]}"
-        grpc = self._wait_for(r"gRPC server listening on (\S+)")
+        grpc = self._wait_for(r'gRPC server listening on ([^\s"]+)')
         self.grpc_url = f"127.0.0.1:{grpc.rsplit(':', 1)[1]}"
-        address = self._wait_for(r"HTTP server listening on (\S+)")
+        address = self._wait_for(r'HTTP server listening on ([^\s"]+)')
         self.url = f"127.0.0.1:{address.rsplit(':', 1)[1]}"
         self._wait_for(r"start-up loading finished")
 

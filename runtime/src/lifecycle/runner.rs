@@ -14,6 +14,7 @@ use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
 use crate::registry::Registry;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::Tensor;
+use crate::trace::Span;
 
 impl ModelRunner for Lifecycle {
     fn infer(
@@ -40,10 +41,11 @@ impl ModelRunner for Lifecycle {
         version: Option<u64>,
         request: RawRequest,
         chain: Vec<String>,
+        trace: Option<Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version).await?;
-            predict_on(&callee, request, chain, self).await
+            predict_on(&callee, request, chain, trace, self).await
         })
     }
 }
@@ -96,10 +98,11 @@ impl ModelRunner for WarmUpRunner {
         version: Option<u64>,
         request: RawRequest,
         chain: Vec<String>,
+        trace: Option<Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
             let callee = self.resolve(&model, version)?;
-            predict_on(&callee, request, chain, self).await
+            predict_on(&callee, request, chain, trace, self).await
         })
     }
 }
@@ -123,14 +126,16 @@ async fn infer_on(
     Ok(outputs)
 }
 
-/// Runs a composed `predict` on `callee` for the plugins in `chain`.
+/// Runs a composed `predict` on `callee` for the plugins in `chain`, under
+/// the calling stage's span `trace`.
 async fn predict_on(
     callee: &Model,
     request: RawRequest,
     chain: Vec<String>,
+    trace: Option<Span>,
     runner: Arc<dyn ModelRunner>,
 ) -> Result<RawResponse, Error> {
-    let context = CallContext { runner, chain, sequence: None };
+    let context = CallContext { runner, chain, sequence: None, trace };
     let (response, _) = callee.predict_within(request, context).await?;
     Ok(response)
 }

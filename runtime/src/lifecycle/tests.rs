@@ -257,7 +257,7 @@ async fn composed_calls_run_through_the_callee_as_a_client_request_would() {
         .await
         .unwrap();
     assert_eq!(Doubler::values(&outputs[0]), [3.0], "an on-demand callee loads on the first call");
-    let no_plugin = runner.clone().predict("a".into(), None, Default::default(), vec!["caller".into()]).await;
+    let no_plugin = runner.clone().predict("a".into(), None, Default::default(), vec!["caller".into()], None).await;
     assert!(
         matches!(&no_plugin, Err(Error::InvalidArgument(m)) if m.contains("model 'a' has no plugin")),
         "{no_plugin:?}"

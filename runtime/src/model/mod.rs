@@ -8,12 +8,13 @@ mod ensemble;
 mod instances;
 mod outputs;
 mod reshape;
+mod traced;
 mod warmup;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::onnx::OnnxRuntime;
 use crate::backend::{Backend, BackendKind};
@@ -27,6 +28,7 @@ use crate::scheduler::sequence::policy::SequencePolicy;
 use crate::scheduler::sequence::{CorrelationId, Owner, SequenceRequest, SequenceScheduler, new_owner};
 use crate::scheduler::{Scheduler, Timing};
 use crate::tensor::Tensor;
+use crate::trace::Span;
 
 pub use cache::ResponseCache;
 pub use check::check_inputs;
@@ -467,7 +469,28 @@ impl Model {
     /// priority; [`Error::Overloaded`] when the queue is full or the queue
     /// timeout expired; [`Error::Internal`] when the backend fails; for an
     /// ensemble, its failing step's error.
+    ///
+    /// A traced request (`options.trace`) gets this model's span under it,
+    /// as do its ensemble steps under that.
     pub async fn infer(
+        &self,
+        inputs: Vec<Tensor>,
+        requested: &[OutputRequest],
+        mut options: RequestOptions,
+        runner: &Arc<dyn ModelRunner>,
+    ) -> Result<(Vec<Tensor>, Timing), Error> {
+        let span = options.trace.take().map(|parent| traced::model_span(&parent, self, &options, &inputs));
+        options.trace = span.clone();
+        let result = self.infer_in_span(inputs, requested, options, runner).await;
+        if let Some(span) = &span {
+            traced::end(span, &result);
+        }
+        result
+    }
+
+    /// [`Model::infer`] within the model's own span (`options.trace`),
+    /// which the caller ends.
+    async fn infer_in_span(
         &self,
         inputs: Vec<Tensor>,
         requested: &[OutputRequest],
@@ -523,6 +546,7 @@ impl Model {
         let (outputs, timing) = match &self.engine {
             Engine::Backends { batcher, .. } => {
                 let inputs = reshape::inputs(&self.signature, inputs);
+                let (span, submitted) = (options.trace.clone(), SystemTime::now());
                 let (outputs, timing) = match batcher {
                     Batcher::Dynamic(scheduler) => scheduler.submit(inputs, options).await?,
                     Batcher::Sequence(scheduler) => {
@@ -545,6 +569,9 @@ impl Model {
                         scheduler.submit(inputs, sequence).await?
                     }
                 };
+                if let Some(span) = &span {
+                    traced::scheduled(span, submitted, &timing);
+                }
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }
             Engine::Ensemble(ensemble) => {
@@ -603,7 +630,7 @@ impl Model {
         req: RawRequest,
         runner: Arc<dyn ModelRunner>,
     ) -> Result<(RawResponse, PredictTiming), Error> {
-        self.predict_within(req, CallContext { runner, chain: Vec::new(), sequence: None }).await
+        self.predict_within(req, CallContext { runner, chain: Vec::new(), sequence: None, trace: None }).await
     }
 
     /// [`Model::predict`] for a plugin's composed call: `context.chain`
@@ -611,7 +638,9 @@ impl Model {
     /// outermost first. For a sequence model the request is one sequence
     /// of its own: the preprocessed tensors start it, the plugin's
     /// composed calls on this model continue it (the host carries the
-    /// state), and it ends with the request.
+    /// state), and it ends with the request. A traced request
+    /// (`context.trace`) gets this model's span, with `preprocess` and
+    /// `postprocess` spans under which the plugin's composed calls go.
     ///
     /// # Errors
     /// As [`Model::predict`].
@@ -619,6 +648,21 @@ impl Model {
         &self,
         req: RawRequest,
         mut context: CallContext,
+    ) -> Result<(RawResponse, PredictTiming), Error> {
+        let span =
+            context.trace.take().map(|parent| traced::model_span(&parent, self, &RequestOptions::default(), &[]));
+        let result = self.predict_in_span(req, context, span.as_ref()).await;
+        if let Some(span) = &span {
+            traced::end(span, &result);
+        }
+        result
+    }
+
+    async fn predict_in_span(
+        &self,
+        req: RawRequest,
+        mut context: CallContext,
+        span: Option<&Span>,
     ) -> Result<(RawResponse, PredictTiming), Error> {
         context.chain.push(self.name.clone());
         let plugin = self.plugin.as_ref().ok_or_else(|| {
@@ -638,19 +682,27 @@ impl Model {
                 end: false,
                 owner: Some(s.owner),
             }),
+            trace: span.cloned(),
             ..RequestOptions::default()
         };
         let mut timing = PredictTiming::default();
         let started = Instant::now();
-        let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error)?;
+        context.trace = span.map(|s| s.child("preprocess", Vec::new()));
+        let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error);
+        end_stage(&context.trace, &inputs);
         timing.preprocess = started.elapsed();
-        let (outputs, inference) =
-            self.infer(inputs, &[], options, &context.runner).await.map_err(blame_the_plugin_for_its_tensors)?;
+        let (outputs, inference) = self
+            .infer_in_span(inputs?, &[], options, &context.runner)
+            .await
+            .map_err(blame_the_plugin_for_its_tensors)?;
         timing.inference = inference;
         let started = Instant::now();
-        let response = plugin.postprocess(req, outputs, context).await.map_err(plugin_error)?;
+        context.trace = span.map(|s| s.child("postprocess", Vec::new()));
+        let stage = context.trace.clone();
+        let response = plugin.postprocess(req, outputs, context).await.map_err(plugin_error);
+        end_stage(&stage, &response);
         timing.postprocess = started.elapsed();
-        Ok((response, timing))
+        Ok((response?, timing))
     }
 
     /// A new sequence for one `/predict` request, if this is a sequence
@@ -702,6 +754,13 @@ impl Model {
     /// The model's inference statistics (Triton's statistics extension).
     pub fn statistics(&self) -> crate::metrics::ModelStatistics {
         self.metrics.statistics()
+    }
+}
+
+/// Ends a plugin stage's span, if the request is traced.
+fn end_stage<T>(span: &Option<Span>, result: &Result<T, Error>) {
+    if let Some(span) = span {
+        traced::end_stage(span, result);
     }
 }
 

@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::scheduler::policy::RequestOptions;
 use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
 use crate::tensor::Tensor;
+use crate::trace::Span;
 
 /// The most plugins one request may pass through (`predict` nesting).
 pub const MAX_DEPTH: usize = 8;
@@ -57,7 +58,9 @@ pub trait ModelRunner: Send + Sync {
     fn signature(self: Arc<Self>, model: String, version: Option<u64>) -> BoxFuture<Result<Signature, Error>>;
 
     /// Sends `request` through `model`'s plugin and model; `chain` names the
-    /// models whose plugin already runs for the request, outermost first.
+    /// models whose plugin already runs for the request, outermost first;
+    /// `trace` is the calling plugin stage's span, when the request is
+    /// traced.
     ///
     /// # Errors
     /// As [`ModelRunner::infer`], and the callee plugin's errors.
@@ -67,6 +70,7 @@ pub trait ModelRunner: Send + Sync {
         version: Option<u64>,
         request: RawRequest,
         chain: Vec<String>,
+        trace: Option<Span>,
     ) -> BoxFuture<Result<RawResponse, Error>>;
 }
 
@@ -83,6 +87,9 @@ pub struct CallContext {
     /// composed `infer` calls on the same model continue (so the host
     /// carries the model's state between them).
     pub sequence: Option<(String, u64, CorrelationId)>,
+    /// The span of this plugin call (`preprocess` or `postprocess`) when
+    /// the request is traced: the composed calls' model spans go under it.
+    pub trace: Option<Span>,
 }
 
 /// The composition state of one plugin instance during a call.
@@ -117,7 +124,7 @@ impl Composition {
             }
             _ => None,
         };
-        let options = RequestOptions { sequence, ..RequestOptions::default() };
+        let options = RequestOptions { sequence, trace: context.trace.clone(), ..RequestOptions::default() };
         self.block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
             .map_err(|e| callee_error(model, e))
     }
@@ -144,8 +151,8 @@ impl Composition {
                 chain.join(" → ")
             )));
         }
-        let (runner, chain) = (context.runner.clone(), chain.clone());
-        self.block_on(runner.predict(model.to_owned(), version, req, chain)).map_err(|e| callee_error(model, e))
+        let (runner, chain, trace) = (context.runner.clone(), chain.clone(), context.trace.clone());
+        self.block_on(runner.predict(model.to_owned(), version, req, chain, trace)).map_err(|e| callee_error(model, e))
     }
 
     fn context(&self) -> Result<&CallContext, Error> {

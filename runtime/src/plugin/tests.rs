@@ -55,6 +55,7 @@ impl ModelRunner for Runner {
         _: Option<u64>,
         _: RawRequest,
         chain: Vec<String>,
+        _: Option<crate::trace::Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         let body = format!("from {model}").into_bytes();
         let refusal = match model.as_str() {
@@ -104,6 +105,7 @@ impl Fixture {
             runner: self.runner.clone(),
             chain: chain.iter().map(|m| m.to_string()).collect(),
             sequence: None,
+            trace: None,
         }
     }
 

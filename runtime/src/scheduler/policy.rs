@@ -193,8 +193,9 @@ fn levels(db: &ModelDynamicBatching) -> Result<(Vec<QueuePolicy>, usize), String
     Ok((levels, default_level as usize - 1))
 }
 
-/// The scheduling options of one request, from the KServe v2 request
-/// `parameters` (Triton's names).
+/// What one request carries besides its tensors: its scheduling options,
+/// from the KServe v2 request `parameters` (Triton's names), its id and,
+/// when it is traced, the span its model's span goes under.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestOptions {
     /// `priority`: 1 is the highest level; 0 or absent = the default level.
@@ -205,6 +206,12 @@ pub struct RequestOptions {
     /// `sequence_id`, `sequence_start` and `sequence_end`, for a model with
     /// `sequence_batching` (or an ensemble whose steps have it).
     pub sequence: Option<super::sequence::SequenceRequest>,
+    /// The client's request `id`, for traces (an ensemble's steps carry
+    /// their request's, as in Triton).
+    pub request_id: Option<String>,
+    /// The span of whatever sends this request (the HTTP or gRPC request,
+    /// an ensemble, a plugin call), when it is traced.
+    pub trace: Option<crate::trace::Span>,
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ use crate::protocol::shared_memory::{self, RegionRef, Regions};
 use crate::scheduler::policy::RequestOptions;
 use crate::scheduler::sequence::{CorrelationId, Owner, SequenceRequest, new_owner};
 use crate::tensor::{DataType, Tensor, push_bytes_element, request_datatype};
+use crate::trace::{Front, Span, Update};
+use opentelemetry::KeyValue;
+use tracing::Instrument;
 
 /// The gRPC face of the server.
 pub struct Grpc {
@@ -179,11 +182,12 @@ impl GrpcInferenceService for Grpc {
         self.allow(Api::Inference, &request)?;
         let _counted = self.service.begin_inference()?;
         let model_id = mesh_model_id(&request);
+        let headers = TraceHeaders::of(request.metadata());
         let mut r = request.into_inner();
         if let Some(id) = model_id {
             r.model_name = id;
         }
-        Ok(Response::new(infer(&self.service, r, None).await?))
+        Ok(Response::new(traced_infer(&self.service, r, None, ("ModelInfer", &headers)).await?))
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<pb::ModelStreamInferResponse, Status>>;
@@ -198,7 +202,8 @@ impl GrpcInferenceService for Grpc {
     ) -> Answer<Self::ModelStreamInferStream> {
         self.allow(Api::Inference, &request)?;
         let (answers, stream) = tokio::sync::mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(serve_stream(self.service.clone(), request.into_inner(), answers));
+        let headers = TraceHeaders::of(request.metadata());
+        tokio::spawn(serve_stream(self.service.clone(), request.into_inner(), answers, headers));
         Ok(Response::new(ReceiverStream::new(stream)))
     }
 
@@ -367,11 +372,23 @@ impl GrpcInferenceService for Grpc {
         Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {}))
     }
 
+    /// Triton's `TraceSetting`: no settings reads them; a setting with no
+    /// values clears a model's.
     async fn trace_setting(&self, request: Request<pb::TraceSettingRequest>) -> Answer<pb::TraceSettingResponse> {
+        use pb::trace_setting_response::SettingValue;
         self.allow(Api::Trace, &request)?;
         let r = request.into_inner();
-        self.service.trace_settings((!r.model_name.is_empty()).then_some(r.model_name.as_str()))?;
-        Ok(Response::new(pb::TraceSettingResponse::default()))
+        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        let update: Update = r.settings.into_iter().map(|(key, v)| (key, v.value)).collect();
+        let settings = self.service.trace_settings(model, (!update.is_empty()).then_some(&update))?;
+        let settings = settings.as_object().into_iter().flatten().map(|(key, value)| {
+            let value = match value {
+                serde_json::Value::Array(items) => items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+                other => vec![other.as_str().map_or_else(|| other.to_string(), str::to_owned)],
+            };
+            (key.clone(), SettingValue { value })
+        });
+        Ok(Response::new(pb::TraceSettingResponse { settings: settings.collect() }))
     }
 
     async fn log_settings(&self, request: Request<pb::LogSettingsRequest>) -> Answer<pb::LogSettingsResponse> {
@@ -429,23 +446,74 @@ fn log_settings_response(settings: serde_json::Value) -> pb::LogSettingsResponse
 /// read them.
 const STREAM_BUFFER: usize = 64;
 
+/// The W3C trace context a call's metadata carries.
+#[derive(Clone, Default)]
+struct TraceHeaders {
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl TraceHeaders {
+    fn of(metadata: &MetadataMap) -> TraceHeaders {
+        let get = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        TraceHeaders { traceparent: get("traceparent"), tracestate: get("tracestate") }
+    }
+}
+
+/// [`infer`] under the request's root span when it is traced: `call` is
+/// the method it came on and the call's trace context.
+async fn traced_infer(
+    service: &Service,
+    r: pb::ModelInferRequest,
+    stream: Option<Owner>,
+    call: (&'static str, &TraceHeaders),
+) -> Result<pb::ModelInferResponse, Status> {
+    let (method, headers) = call;
+    let front = Front::Grpc(method);
+    let span = service.start_trace(&r.model_name, front, headers.traceparent.as_deref(), headers.tracestate.as_deref());
+    let Some(span) = span else { return infer(service, r, stream, None).await };
+    // The request's log lines carry its trace id (`--log-format json`).
+    let log = tracing::info_span!("request", trace_id = %span.trace_id());
+    let result = infer(service, r, stream, Some(span.clone())).instrument(log).await;
+    let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+    span.set(KeyValue::new("rpc.grpc.status_code", code as i64));
+    // OpenTelemetry's gRPC conventions: the codes that fail a server span.
+    use tonic::Code as C;
+    if let Err(status) = &result
+        && matches!(
+            code,
+            C::Unknown | C::DeadlineExceeded | C::Unimplemented | C::Internal | C::Unavailable | C::DataLoss
+        )
+    {
+        span.fail(status.message());
+    }
+    span.event("INFER_RESPONSE_COMPLETE");
+    span.event("GRPC_SEND_START");
+    span.end();
+    result
+}
+
 /// Runs one `ModelInferRequest` through the service core; `stream` is the
 /// `ModelStreamInfer` call it came on, if any (it owns the sequences it
-/// starts).
+/// starts); `trace` its root span, when it is traced.
 async fn infer(
     service: &Service,
     r: pb::ModelInferRequest,
     stream: Option<Owner>,
+    trace: Option<Span>,
 ) -> Result<pb::ModelInferResponse, Status> {
     let m = service.model(&r.model_name, version(&r.model_version)?).await?;
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
+    let request_id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = service
-        .infer(&m, |_| {
+        .infer(&m, trace, |_| {
             check_parameters(&parameters, &inputs, &outputs)?;
             let options = RequestOptions {
                 priority: uint_parameter(&parameters, "priority")?,
                 timeout_us: uint_parameter(&parameters, "timeout")?,
                 sequence: sequence_request(&parameters)?.map(|s| SequenceRequest { owner: stream, ..s }),
+                request_id,
+                trace: None,
             };
             let requested = outputs.iter().map(requested_output).collect::<Result<_, _>>()?;
             let places = output_places(service, &outputs)?;
@@ -514,6 +582,7 @@ async fn serve_stream(
     service: Arc<Service>,
     mut requests: Streaming<pb::ModelInferRequest>,
     answers: tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+    headers: TraceHeaders,
 ) {
     let owner = new_owner();
     let mut running = tokio::task::JoinSet::new();
@@ -527,7 +596,7 @@ async fn serve_stream(
         tokio::select! {
             next = requests.message(), if reading => match next {
                 Ok(Some(request)) => {
-                    let service = service.clone();
+                    let (service, headers) = (service.clone(), headers.clone());
                     let turn = match sequence_request(&request.parameters) {
                         Ok(Some(sequence)) => {
                             // Sequences whose last request has been answered
@@ -543,12 +612,12 @@ async fn serve_stream(
                     };
                     running.spawn(async move {
                         let Some((previous, answered, key, end)) = turn else {
-                            return (stream_answer(&service, request, owner).await, None);
+                            return (stream_answer(&service, request, owner, &headers).await, None);
                         };
                         if let Some(turn) = previous {
                             let _ = turn.await;
                         }
-                        (stream_answer(&service, request, owner).await, Some((answered, key, end)))
+                        (stream_answer(&service, request, owner, &headers).await, Some((answered, key, end)))
                     });
                 }
                 Ok(None) => reading = false,
@@ -599,10 +668,11 @@ async fn stream_answer(
     service: &Service,
     request: pb::ModelInferRequest,
     owner: Owner,
+    headers: &TraceHeaders,
 ) -> pb::ModelStreamInferResponse {
     let id = request.id.clone();
     let answer = match service.begin_inference() {
-        Ok(_counted) => infer(service, request, Some(owner)).await,
+        Ok(_counted) => traced_infer(service, request, Some(owner), ("ModelStreamInfer", headers)).await,
         Err(e) => Err(e.into()),
     };
     match answer {

@@ -14,8 +14,12 @@ use axum::routing::{get, post};
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 
+use opentelemetry::KeyValue;
+use tracing::Instrument;
+
 use super::restrictions::Api;
 use super::{ApiError, Service, routes};
+use crate::trace::{Front, Span};
 
 /// The KServe v2 routes over `service`, each group of them behind its
 /// `--http-restricted-api` header check where one is set.
@@ -47,10 +51,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/models/{model}/stats", get(routes::model_stats))
         .route("/v2/models/{model}/versions/{version}/stats", get(routes::model_stats));
     let logging = Router::new().route("/v2/logging", get(routes::log_settings).post(routes::update_log_settings));
-    let trace =
-        Router::new().route("/v2/trace/setting", get(routes::trace_settings).post(routes::trace_settings)).route(
+    let trace = Router::new()
+        .route("/v2/trace/setting", get(routes::trace_settings).post(routes::update_trace_settings))
+        .route(
             "/v2/models/{model}/trace/setting",
-            get(routes::model_trace_settings).post(routes::model_trace_settings),
+            get(routes::model_trace_settings).post(routes::update_model_trace_settings),
         );
     let repository = Router::new()
         .route("/v2/repository/index", post(routes::repository_index))
@@ -130,11 +135,40 @@ async fn explain_unsupported_encoding(response: Response) -> Response {
 
 /// Counts inference requests in flight, from before their body is read, so
 /// shutdown can wait for them, and refuses new ones once shutdown has begun.
-async fn track_inference(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
-    match service.begin_inference() {
-        Ok(_counted) => next.run(request).await,
-        Err(e) => ApiError::from(e).into_response(),
+async fn track_inference(State(service): State<Arc<Service>>, mut request: Request, next: Next) -> Response {
+    let _counted = match service.begin_inference() {
+        Ok(counted) => counted,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let Some(span) = start_trace(&service, &request) else { return next.run(request).await };
+    request.extensions_mut().insert(span.clone());
+    // The request's log lines carry its trace id (`--log-format json`).
+    let log = tracing::info_span!("request", trace_id = %span.trace_id());
+    let response = next.run(request).instrument(log).await;
+    let status = response.status();
+    span.set(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
+    // OpenTelemetry's HTTP conventions: a server span fails on 5xx only.
+    if status.is_server_error() {
+        span.fail(status.canonical_reason().unwrap_or("server error"));
     }
+    span.event("INFER_RESPONSE_COMPLETE");
+    span.event("HTTP_SEND_START");
+    span.end();
+    response
+}
+
+/// The root span of an inference request, when it is traced: the model is
+/// the path's `/v2/models/{model}/...`, the parent its `traceparent`.
+fn start_trace(service: &Service, request: &Request) -> Option<Span> {
+    if !service.tracing.as_ref().is_some_and(|t| t.is_on()) {
+        return None;
+    }
+    let model = request.uri().path().strip_prefix("/v2/models/")?.split('/').next()?;
+    let model = percent_encoding::percent_decode_str(model).decode_utf8().ok()?;
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    let span = service.start_trace(&model, Front::Http, header("traceparent"), header("tracestate"))?;
+    span.set(KeyValue::new("url.path", request.uri().path().to_owned()));
+    Some(span)
 }
 
 /// A request whose `Content-Length` announces more than

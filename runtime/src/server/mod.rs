@@ -79,6 +79,8 @@ pub struct ServeOptions {
     /// `--cache-config local,size=BYTES`: the response cache's capacity;
     /// `None`, no cache.
     pub response_cache_bytes: Option<usize>,
+    /// `--trace-config`: which requests are traced and where their spans go.
+    pub trace: crate::trace::TraceConfig,
 }
 
 /// Starts the runtimes, binds HTTP (so liveness answers during loading),
@@ -100,6 +102,7 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     service.http_restrictions = opts.http_restrictions.clone();
     service.grpc_restrictions = opts.grpc_restrictions.clone();
     service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm);
+    service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));
@@ -109,6 +112,10 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     let deadline = tokio::time::Instant::now() + opts.exit_timeout;
     shutdown::finish_accepted(&service, deadline).await;
     listeners.stop(deadline).await?;
+    if let Some(tracing) = service.tracing.clone() {
+        // The last spans go out before the process does.
+        let _ = tokio::task::spawn_blocking(move || tracing.flush()).await;
+    }
     tracing::info!("stopped");
     // The models are not dropped on the way out: dropping one joins its
     // workers, and a worker stuck in a backend call would hold the process.

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, InferCall, ParameterValue, SERVER_NAME, Service};
@@ -26,6 +26,7 @@ use crate::registry::UNKNOWN_MODEL;
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::DataType;
+use crate::trace::{Span, Update};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -105,6 +106,7 @@ pub async fn model_ready(State(service): State<Arc<Service>>, model: ModelRef) -
 pub async fn infer(
     State(service): State<Arc<Service>>,
     model: ModelRef,
+    trace: Option<Extension<Span>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
@@ -112,7 +114,7 @@ pub async fn infer(
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
-        .infer(&m, |m| {
+        .infer(&m, trace.map(|Extension(span)| span), |m| {
             let binary::Decoded { request, tensors } =
                 binary::decode(header_length, &body, (&m.name, &m.signature), &service.shared_memory)?;
             let options = request_options(&request)?;
@@ -213,6 +215,8 @@ fn request_options(request: &InferRequest) -> Result<RequestOptions, Error> {
         priority: request.uint_parameter("priority")?,
         timeout_us: request.uint_parameter("timeout")?,
         sequence,
+        request_id: request.id.clone(),
+        trace: None,
     })
 }
 
@@ -223,6 +227,7 @@ fn request_options(request: &InferRequest) -> Result<RequestOptions, Error> {
 pub async fn predict(
     State(service): State<Arc<Service>>,
     model: ModelRef,
+    trace: Option<Extension<Span>>,
     Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -231,7 +236,7 @@ pub async fn predict(
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
-    let (response, timing) = service.predict(&m, request).await?;
+    let (response, timing) = service.predict(&m, request, trace.map(|Extension(span)| span)).await?;
     let mut entries = vec![("preprocess", timing.preprocess)];
     entries.extend(timing_entries(&timing.inference));
     entries.push(("postprocess", timing.postprocess));
@@ -449,17 +454,67 @@ pub async fn update_log_settings(
     Ok(Json(service.update_log_settings(&update)?))
 }
 
-/// `GET`/`POST /v2/trace/setting`: refused, there is no tracing yet.
+/// `GET /v2/trace/setting`: the server's trace settings.
 pub async fn trace_settings(State(service): State<Arc<Service>>) -> ApiResult<Json<serde_json::Value>> {
-    Ok(Json(service.trace_settings(None)?))
+    Ok(Json(service.trace_settings(None, None)?))
 }
 
-/// `GET`/`POST /v2/models/{m}/trace/setting`: refused, as the global one.
+/// `POST /v2/trace/setting`: changes the server's trace settings.
+pub async fn update_trace_settings(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let update = trace_update(&service, body)?;
+    Ok(Json(service.trace_settings(None, Some(&update))?))
+}
+
+/// `GET /v2/models/{m}/trace/setting`: the trace settings in force for a
+/// model.
 pub async fn model_trace_settings(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    Ok(Json(service.trace_settings(Some(&name))?))
+    Ok(Json(service.trace_settings(Some(&name), None)?))
+}
+
+/// `POST /v2/models/{m}/trace/setting`: changes a model's trace settings;
+/// `{}` removes them (Triton's extension).
+pub async fn update_model_trace_settings(
+    State(service): State<Arc<Service>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let update = trace_update(&service, body)?;
+    Ok(Json(service.trace_settings(Some(&name), Some(&update))?))
+}
+
+/// A trace extension request body: each setting a string, a number, a
+/// list of strings, or `null` (which clears a model's setting).
+fn trace_update(service: &Service, body: Result<Bytes, BytesRejection>) -> Result<Update, ApiError> {
+    use serde_json::Value;
+    let body = body.map_err(|e| rejected_body(service, e))?;
+    let settings: serde_json::Map<String, Value> = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the trace settings must be a JSON object: {e}")))?;
+    settings
+        .into_iter()
+        .map(|(key, value)| {
+            let values = match value {
+                Value::Null => Vec::new(),
+                Value::String(s) => vec![s],
+                Value::Number(n) => vec![n.to_string()],
+                Value::Array(items) => items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => Ok(s),
+                        other => Err(other),
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(|v| ApiError::bad_request(format!("trace setting '{key}': {v} is not a string")))?,
+                other => return Err(ApiError::bad_request(format!("trace setting '{key}': {other} is not a string"))),
+            };
+            Ok((key, values))
+        })
+        .collect()
 }
 
 /// `GET /v2/systemsharedmemory[/region/{r}]/status`: the registered

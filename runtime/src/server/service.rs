@@ -17,17 +17,19 @@ use crate::error::Error;
 use crate::lifecycle::{Lifecycle, LoadRequest};
 use crate::metrics::ModelStatistics;
 use crate::model::{Model, OutputRequest, PredictTiming};
-use crate::plugin::{ModelRunner, RawRequest, RawResponse};
+use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
-use crate::registry::{IndexEntry, Registry, RepositoryState};
+use crate::registry::{IndexEntry, Registry, RepositoryState, UNKNOWN_MODEL};
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
 use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
 use crate::tensor::{Tensor, TensorSpec};
+use crate::trace::{Front, Span, Tracing, Update};
+use opentelemetry::KeyValue;
 
 /// The protocol extensions Plinth serves, as server metadata lists them
 /// (Triton's names): exactly those it implements.
-pub const EXTENSIONS: [&str; 8] = [
+pub const EXTENSIONS: [&str; 9] = [
     "binary_tensor_data",
     "classification",
     "logging",
@@ -36,6 +38,7 @@ pub const EXTENSIONS: [&str; 8] = [
     "schedule_policy",
     "statistics",
     "system_shared_memory",
+    "trace",
 ];
 
 /// The server's name in server metadata.
@@ -68,6 +71,9 @@ pub struct Service {
     /// The system shared memory regions clients registered
     /// (`--allow-client-shm`).
     pub shared_memory: SharedMemory,
+    /// Request tracing (`--trace-config`); `None` where the process set up
+    /// none (unit tests).
+    pub tracing: Option<Arc<Tracing>>,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -162,6 +168,7 @@ impl Service {
             http_restrictions: Restrictions::default(),
             grpc_restrictions: Restrictions::default(),
             shared_memory: SharedMemory::new(false),
+            tracing: None,
         }
     }
 
@@ -311,14 +318,37 @@ impl Service {
         self.logging.as_deref().ok_or_else(|| Error::Unsupported("this server has no log settings".into()))
     }
 
-    /// The trace extension (`/v2/trace/setting`, `TraceSetting`): Plinth
-    /// has no request tracing yet, so every trace setting is refused.
+    /// The trace extension (`/v2/trace/setting`, `TraceSetting`): the
+    /// settings in force, the server's or `model`'s, after applying
+    /// `update` (nothing for a read).
     ///
     /// # Errors
-    /// Always [`Error::Unsupported`], naming the model when one is given.
-    pub fn trace_settings(&self, model: Option<&str>) -> Result<Value, Error> {
-        let scope = model.map_or_else(String::new, |m| format!(" for model '{m}'"));
-        Err(Error::Unsupported(format!("trace settings{scope} are not supported: Plinth does not trace requests yet")))
+    /// [`Error::InvalidArgument`] naming a setting that is unknown or does
+    /// not parse; [`Error::NotFound`] for a model the repository does not
+    /// know; [`Error::Unsupported`] where the process traces nothing.
+    pub fn trace_settings(&self, model: Option<&str>, update: Option<&Update>) -> Result<Value, Error> {
+        let tracing = self.tracing.as_deref().ok_or_else(|| Error::Unsupported("this server traces nothing".into()))?;
+        if let Some(name) = model
+            && !self.registry().index().iter().any(|row| row.name == name)
+        {
+            return Err(Error::NotFound(format!("{UNKNOWN_MODEL}: '{name}'")));
+        }
+        match update {
+            None => Ok(tracing.settings(model)),
+            Some(update) => tracing.update(model, update).map_err(Error::InvalidArgument),
+        }
+    }
+
+    /// The root span of an inference request for `model`, when it is
+    /// traced (see [`Tracing::start`]).
+    pub fn start_trace(
+        &self,
+        model: &str,
+        front: Front,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> Option<Span> {
+        self.tracing.as_ref()?.start(model, front, traceparent, tracestate)
     }
 
     /// Runs an inference request on `model` (resolved with
@@ -332,10 +362,15 @@ impl Service {
     pub async fn infer<T>(
         &self,
         model: &Model,
+        trace: Option<Span>,
         decode: impl FnOnce(&Model) -> Result<(InferCall, T), Error>,
     ) -> Result<Inferred<T>, Error> {
         tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
-        let (call, request) = decode(model).map_err(|e| model.refused(e))?;
+        let (mut call, request) = decode(model).map_err(|e| model.refused(e))?;
+        if let (Some(span), Some(id)) = (&trace, &call.options.request_id) {
+            span.set(KeyValue::new("request_id", id.clone()));
+        }
+        call.options.trace = trace;
         if call.options.sequence.is_some() && !model.takes_sequences() {
             return Err(model.refused(Error::InvalidArgument(format!(
                 "model '{}' has no sequence_batching: the request parameters 'sequence_id', 'sequence_start' and 'sequence_end' are for sequence models",
@@ -349,13 +384,19 @@ impl Service {
 
     /// Sends a raw request through `model`'s plugin and model (`/predict`);
     /// the plugin's composed calls reach other models through the
-    /// lifecycle.
+    /// lifecycle. `trace` is the request's root span, when it is traced.
     ///
     /// # Errors
     /// As [`Model::predict`].
-    pub async fn predict(&self, model: &Model, request: RawRequest) -> Result<(RawResponse, PredictTiming), Error> {
+    pub async fn predict(
+        &self,
+        model: &Model,
+        request: RawRequest,
+        trace: Option<Span>,
+    ) -> Result<(RawResponse, PredictTiming), Error> {
         tracing::debug!(model = %model.name, version = model.version, "predict: accepted");
-        model.predict(request, self.lifecycle.clone()).await
+        let context = CallContext { runner: self.lifecycle.clone(), chain: Vec::new(), sequence: None, trace };
+        model.predict_within(request, context).await
     }
 }
 
