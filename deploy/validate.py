@@ -5,9 +5,12 @@ as a Pod) go through kubernetes-validate's bundled API schemas, strictly
 (unknown fields are errors). KServe resources are checked against the KServe
 Python SDK's models: every field must exist in the model (by its JSON name),
 recursively into the Kubernetes types they embed, and the SDK must build the
-object (required fields present, types right).
+object (required fields present, types right). KEDA's ScaledObject, whose
+CRD neither knows, is checked against a small JSON schema of the fields
+deploy/autoscaling/ uses, as strictly (unknown fields are errors), and its
+metadata as a Kubernetes object's.
 
-Runs in the venv that holds kserve==0.21.0 and kubernetes-validate
+Runs in the venv that holds kserve==0.21.0, kubernetes-validate and jsonschema
 (.cache/bench/kserve, made by `make setup`).
 
 usage: validate.py MANIFEST.yaml...   (exit status 1 on the first problem)
@@ -16,6 +19,7 @@ usage: validate.py MANIFEST.yaml...   (exit status 1 on the first problem)
 import re
 import sys
 
+import jsonschema
 import kserve.models
 import kubernetes.client.models
 import kubernetes_validate
@@ -28,6 +32,72 @@ KSERVE_KINDS = {
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): "V1alpha1ServingRuntime",
     ("serving.kserve.io/v1beta1", "InferenceService"): "V1beta1InferenceService",
 }
+
+# KEDA's ScaledObject (keda.sh/v1alpha1), the fields of its specification
+# that deploy/autoscaling/ uses; the only trigger known is `prometheus`,
+# whose metadata, like every trigger's, maps names to strings.
+STRING = {"type": "string", "minLength": 1}
+COUNT = {"type": "integer", "minimum": 0}
+SCALED_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object"},  # checked as a Kubernetes object's metadata
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {"apiVersion": STRING, "kind": STRING, "name": STRING},
+                },
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": COUNT,
+                "minReplicaCount": COUNT,
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"enum": ["prometheus"]},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["serverAddress", "query", "threshold"],
+                                "properties": {
+                                    "serverAddress": {"type": "string", "pattern": "^https?://"},
+                                    "query": STRING,
+                                    "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def validate_scaled_object(document):
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCALED_OBJECT).iter_errors(document))
+    if error is not None:
+        raise ValueError(f"{'.'.join(str(p) for p in error.absolute_path) or 'document'}: {error.message}")
+    spec = document["spec"]
+    if spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):  # KEDA's defaults
+        raise ValueError("spec: minReplicaCount is above maxReplicaCount")
+    holder = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": document["metadata"]}
+    kubernetes_validate.validate(holder, KUBERNETES_VERSION, strict=True)
 
 
 def model_class(name):
@@ -88,7 +158,9 @@ def containers(value):
 
 def validate(document, where):
     kind = (document.get("apiVersion"), document.get("kind"))
-    if kind in KSERVE_KINDS:
+    if kind == ("keda.sh/v1alpha1", "ScaledObject"):
+        validate_scaled_object(document)
+    elif kind in KSERVE_KINDS:
         check_fields(document, KSERVE_KINDS[kind], where)
         build(document, KSERVE_KINDS[kind])
         for listed in containers(document.get("spec", {})):

@@ -1,7 +1,8 @@
 """The manifests in deploy/ validate against the Kubernetes API schemas
 (kubernetes-validate) and the KServe SDK's resource models (deploy/validate.py,
 run in the venv with kserve), without a cluster; a misspelt field is caught;
-and the probes and grace period say what the runtime does."""
+the probes and grace period say what the runtime does; and both autoscalers
+scale the Deployment on the queue-depth gauge."""
 
 import re
 import subprocess
@@ -23,8 +24,8 @@ def test_every_manifest_validates():
     result = validate(*MANIFESTS)
     assert result.returncode == 0, result.stdout + result.stderr
     kinds = re.findall(r"\((\w+)\)", result.stdout)
-    assert sorted(kinds) == ["ClusterServingRuntime", "Deployment", "InferenceService", "InferenceService", "Service",
-                            "ServingRuntime"], \
+    assert sorted(kinds) == ["ClusterServingRuntime", "ConfigMap", "Deployment", "HorizontalPodAutoscaler",
+                            "InferenceService", "InferenceService", "ScaledObject", "Service", "ServingRuntime"], \
         result.stdout
 
 
@@ -34,6 +35,10 @@ def test_every_manifest_validates():
     ("kserve/inference-service.yaml", "runtime: plinth", "runtimes: plinth", "has no field 'runtimes'"),
     ("kubernetes/deployment.yaml", "periodSeconds: 10", "periodSecond: 10", "periodSecond"),
     ("modelmesh/serving-runtime.yaml", "grpcDataEndpoint:", "grpcDataEndPoint:", "has no field 'grpcDataEndPoint'"),
+    ("autoscaling/hpa.yaml", "averageValue:", "averageValu:", "'averageValu' was unexpected"),
+    ("autoscaling/keda-scaledobject.yaml", "pollingInterval:", "pollingInterva:", "'pollingInterva' was unexpected"),
+    ("autoscaling/keda-scaledobject.yaml", "serverAddress:", "serverAdress:", "'serverAdress' was unexpected"),
+    ("autoscaling/keda-scaledobject.yaml", 'threshold: "4"', "threshold: 4", "4 is not of type 'string'"),
 ])
 def test_a_misspelt_field_is_caught(tmp_path, file, right, wrong, message):
     text = (ROOT / "deploy" / file).read_text()
@@ -77,3 +82,24 @@ def test_the_modelmesh_runtime_serves_both_endpoints_on_its_grpc_port():
     # In KServe multiModel marks a ModelMesh runtime, which plain InferenceServices never select.
     plain = yaml.safe_load((ROOT / "deploy/kserve/cluster-serving-runtime.yaml").read_text())
     assert plain["spec"]["multiModel"] is False
+
+
+def test_both_autoscalers_scale_the_deployment_on_the_queue_depth_gauge():
+    deployment, _ = yaml.safe_load_all((ROOT / "deploy/kubernetes/deployment.yaml").read_text())
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    hpa, adapter = yaml.safe_load_all((ROOT / "deploy/autoscaling/hpa.yaml").read_text())
+    assert hpa["spec"]["scaleTargetRef"] == target
+    pods = hpa["spec"]["metrics"][0]
+    assert pods["type"] == "Pods" and pods["pods"]["target"]["type"] == "AverageValue"
+    # The adapter serves the gauge per pod under the name the HPA asks for.
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["seriesQuery"].startswith("nv_inference_pending_request_count{")
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    assert rule["name"]["as"] == pods["pods"]["metric"]["name"]
+    assert "<<.GroupBy>>" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
+    scaled = yaml.safe_load((ROOT / "deploy/autoscaling/keda-scaledobject.yaml").read_text())
+    assert scaled["spec"]["scaleTargetRef"] == target
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert "sum by (model) (nv_inference_pending_request_count{" in trigger["metadata"]["query"]
+    assert scaled["spec"]["minReplicaCount"] >= 1, "the gauge comes from the pods: at zero no queue is seen"

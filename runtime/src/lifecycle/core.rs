@@ -345,6 +345,10 @@ impl Core {
         }
         self.take_out(name, "unloaded");
         *record = ModelRecord::default();
+        // Its versions' series left with them; its loads count goes too
+        // (an evicted model keeps its loads and evictions counts instead:
+        // it serves again at its next request).
+        self.metrics.residency.forget(name);
         tracing::info!(model = %name, "unloaded");
         Ok(())
     }

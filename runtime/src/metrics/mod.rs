@@ -28,7 +28,7 @@ use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
 pub use model::{
-    BatchStats, Compute, FailureReason, InferenceStats, ModelMetrics, ModelStatistics, SequenceEnd, Total,
+    BatchStats, Compute, FailureReason, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics, SequenceEnd, Total,
 };
 pub use plugin::{PluginMetrics, PluginStage};
 pub use residency::ResidencyMetrics;

@@ -363,6 +363,24 @@ impl ModelMetrics {
         }
     }
 
+    /// This version's counters as they stand now (for rates over a window,
+    /// read twice).
+    pub fn live(&self) -> LiveCounts {
+        use prometheus::core::Metric;
+        let s = &self.series;
+        let histogram = s.request_seconds.metric();
+        let buckets = histogram.get_histogram().get_bucket();
+        LiveCounts {
+            success: s.success.get(),
+            failure: FailureReason::ALL
+                .iter()
+                .map(|r| s.failure.with_label_values(&[&self.labels[0], &self.labels[1], r.label()]).get())
+                .sum(),
+            pending: s.pending.get(),
+            latency: buckets.iter().map(|b| (b.upper_bound(), b.cumulative_count())).collect(),
+        }
+    }
+
     /// This version's entry of Triton's statistics extension (`model_stats`).
     pub fn statistics(&self) -> ModelStatistics {
         let stats = self.stats();
@@ -402,6 +420,22 @@ impl ModelMetrics {
 
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
+}
+
+/// One model version's counters at one moment: what the status page turns
+/// into a request rate, a failure rate and latency percentiles over a
+/// window, and the queue depth now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveCounts {
+    /// Requests answered (`nv_inference_request_success`).
+    pub success: u64,
+    /// Requests failed, every reason (`nv_inference_request_failure`).
+    pub failure: u64,
+    /// Requests queued, not yet running (`nv_inference_pending_request_count`).
+    pub pending: i64,
+    /// `plinth_inference_request_duration_seconds`: each bucket's upper
+    /// bound in seconds and its cumulative count, in order.
+    pub latency: Vec<(f64, u64)>,
 }
 
 /// A count and the nanoseconds it took, as the statistics extension reports.

@@ -55,8 +55,9 @@ impl ResidencyMetrics {
     }
 
     /// Removes the series of model `name`: its loads, evictions and
-    /// footprint. For a model that is forgotten, not merely unloaded (a
-    /// ModelMesh model id, which comes back, if ever, as a new model).
+    /// footprint. For a model unloaded or forgotten (a ModelMesh model id,
+    /// which comes back, if ever, as a new model); an evicted model keeps
+    /// its loads and evictions.
     pub fn forget(&self, name: &str) {
         let _ = self.loads.remove_label_values(&[name]);
         let _ = self.evictions.remove_label_values(&[name]);

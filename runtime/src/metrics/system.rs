@@ -1,5 +1,6 @@
-//! Triton's CPU families, read from `/proc` at each scrape:
-//! `nv_cpu_utilization` (0 to 1, since the previous scrape),
+//! Triton's CPU families, read from `/proc` at each scrape: the whole
+//! machine's, not the process's (in a container, the node's), as Triton's
+//! are: `nv_cpu_utilization` (0 to 1, since the previous scrape),
 //! `nv_cpu_memory_used_bytes` and `nv_cpu_memory_total_bytes`.
 
 use std::sync::Mutex;
@@ -16,11 +17,21 @@ pub struct SystemMetrics {
 
 impl SystemMetrics {
     pub fn register(registry: &Registry) -> SystemMetrics {
-        let utilization =
-            Gauge::new("nv_cpu_utilization", "CPU utilization rate since the previous scrape [0.0 - 1.0]")
-                .expect("valid metric");
-        let memory_used = IntGauge::new("nv_cpu_memory_used_bytes", "CPU memory in use, in bytes").expect("valid");
-        let memory_total = IntGauge::new("nv_cpu_memory_total_bytes", "CPU memory in total, in bytes").expect("valid");
+        let utilization = Gauge::new(
+            "nv_cpu_utilization",
+            "The whole machine's CPU utilization since the previous scrape, all processes [0.0 - 1.0] (/proc/stat)",
+        )
+        .expect("valid metric");
+        let memory_used = IntGauge::new(
+            "nv_cpu_memory_used_bytes",
+            "The whole machine's memory in use by all processes, in bytes (MemTotal - MemAvailable of /proc/meminfo)",
+        )
+        .expect("valid");
+        let memory_total = IntGauge::new(
+            "nv_cpu_memory_total_bytes",
+            "The whole machine's memory, in bytes (MemTotal of /proc/meminfo)",
+        )
+        .expect("valid");
         for g in [&memory_used, &memory_total] {
             registry.register(Box::new(g.clone())).expect("unique metric");
         }

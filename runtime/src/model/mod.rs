@@ -688,7 +688,12 @@ impl Model {
         let mut timing = PredictTiming::default();
         let started = Instant::now();
         context.trace = span.map(|s| s.child("preprocess", Vec::new()));
-        let inputs = plugin.preprocess(req.clone(), context.clone()).await.map_err(plugin_error);
+        // A request the plugin refuses or fails on counts as the model's
+        // failed request, as one whose tensors do not decode does.
+        let inputs = plugin
+            .preprocess(req.clone(), context.clone())
+            .await
+            .map_err(|e| self.failed_before_running(plugin_error(e)));
         end_stage(&context.trace, &inputs);
         timing.preprocess = started.elapsed();
         let (outputs, inference) = self
@@ -749,6 +754,19 @@ impl Model {
     pub fn refused(&self, e: Error) -> Error {
         self.metrics.finished(Err(FailureReason::Other), Duration::ZERO);
         e
+    }
+
+    /// Counts a `/predict` request that failed in the plugin's
+    /// `preprocess`, before the model ran, under the reason its error gives
+    /// (OTHER for a refusal, BACKEND for a plugin that failed); returns `e`.
+    fn failed_before_running(&self, e: Error) -> Error {
+        self.metrics.finished(Err(FailureReason::from(&e)), Duration::ZERO);
+        e
+    }
+
+    /// The model's counters as they stand now (the status page's source).
+    pub fn live_counts(&self) -> crate::metrics::LiveCounts {
+        self.metrics.live()
     }
 
     /// The model's inference statistics (Triton's statistics extension).

@@ -40,6 +40,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/models/{model}/ready", get(routes::model_ready))
         .route("/v2/models/{model}/versions/{version}/ready", get(routes::model_ready));
     let metadata = Router::new()
+        .route("/", get(super::status::page))
         .route("/v2", get(routes::server_metadata))
         .route("/v2/models/{model}", get(routes::model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(routes::model_metadata));

@@ -15,6 +15,7 @@ mod routes;
 pub mod service;
 pub mod shared_memory;
 mod shutdown;
+pub mod status;
 #[cfg(test)]
 mod tests;
 
@@ -105,6 +106,7 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
+    tokio::spawn(status::sample_forever(service.clone()));
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));
     shutdown::signalled().await;
     shutdown::stop_taking(&service, opts.drain_delay).await;

@@ -74,6 +74,8 @@ pub struct Service {
     /// Request tracing (`--trace-config`); `None` where the process set up
     /// none (unit tests).
     pub tracing: Option<Arc<Tracing>>,
+    /// The status page's samples of the counters.
+    pub status: super::status::Sampler,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -169,6 +171,7 @@ impl Service {
             grpc_restrictions: Restrictions::default(),
             shared_memory: SharedMemory::new(false),
             tracing: None,
+            status: super::status::Sampler::default(),
         }
     }
 
