@@ -198,14 +198,21 @@ def test_log_settings_change_the_log_and_refuse_what_plinth_cannot_do(server):
     assert http.get_log_settings()["log_verbose_level"] == 0, "a refused update changes nothing"
 
 
-def test_trace_settings_are_refused_and_metadata_lists_what_is_implemented(server):
-    status, answer = post(server, "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]})
-    assert status == 501 and "Plinth does not trace requests yet" in answer["error"], answer
+def test_trace_settings_through_tritonclient_and_metadata_lists_what_is_implemented(server):
+    http_client = httpclient.InferenceServerClient(url=server.url)
     grpc_client = grpcclient.InferenceServerClient(url=server.grpc_url)
-    with pytest.raises(InferenceServerException) as failure:
-        grpc_client.get_trace_settings(model_name="cls")
-    assert "StatusCode.UNIMPLEMENTED" in str(failure.value.status())
-    assert "for model 'cls'" in failure.value.message()
-    extensions = httpclient.InferenceServerClient(url=server.url).get_server_metadata()["extensions"]
+    assert http_client.get_trace_settings()["trace_level"] == ["OFF"]
+    try:
+        updated = http_client.update_trace_settings(model_name="cls", settings={"trace_rate": "7"})
+        assert updated["trace_rate"] == "7" and updated["trace_level"] == ["OFF"], updated
+        model = grpc_client.get_trace_settings(model_name="cls", as_json=True)["settings"]
+        assert model["trace_rate"]["value"] == ["7"] and model["trace_mode"]["value"] == ["opentelemetry"]
+        assert http_client.get_trace_settings()["trace_rate"] == "1000", "the server's own settings are unchanged"
+        with pytest.raises(InferenceServerException, match="trace files"):
+            http_client.update_trace_settings(settings={"trace_file": "/tmp/trace.json"})
+    finally:
+        http_client.update_trace_settings(model_name="cls", settings={})
+    assert http_client.get_trace_settings(model_name="cls")["trace_rate"] == "1000"
+    extensions = http_client.get_server_metadata()["extensions"]
     assert extensions == ["binary_tensor_data", "classification", "logging", "model_configuration",
-                          "model_repository", "schedule_policy", "statistics", "system_shared_memory"]
+                          "model_repository", "schedule_policy", "statistics", "system_shared_memory", "trace"]
