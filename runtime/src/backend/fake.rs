@@ -54,6 +54,8 @@ pub struct Doubler {
     gate: Option<Arc<Gate>>,
     /// The rows of each execution, in order.
     pub executions: Mutex<Vec<usize>>,
+    /// The name of the thread of each execution, in order.
+    pub threads: Mutex<Vec<Option<String>>>,
 }
 
 impl Doubler {
@@ -65,7 +67,7 @@ impl Doubler {
             type_name: "FP32".into(),
             shape: vec![-1, 1],
         };
-        Doubler { io: (vec![io("x")], vec![io("y")]), gate, executions: Mutex::default() }
+        Doubler { io: (vec![io("x")], vec![io("y")]), gate, executions: Mutex::default(), threads: Mutex::default() }
     }
 
     /// One request's input: `values` as `x` of shape `[rows, 1]`.
@@ -123,6 +125,7 @@ impl Backend for Doubler {
         let x = &inputs[0];
         let values = Doubler::values(x);
         self.executions.lock().unwrap().push(x.shape[0] as usize);
+        self.threads.lock().unwrap().push(std::thread::current().name().map(str::to_owned));
         if values.contains(&-1.0) {
             return Err(BackendError::InvalidInput("-1 is not a number this model takes".into()));
         }

@@ -7,6 +7,12 @@
 //! waits, its own task enforces its queue timeout and, if the client goes
 //! away (the task is dropped), takes it out of the queue so that it never
 //! runs.
+//!
+//! A request for a fast model that finds the queue empty and an instance
+//! idle runs at once on its own thread instead ([`INLINE_INFER`]): handing
+//! it to a worker thread and its answer back cost two thread wake-ups,
+//! several times a tiny model's run. A model whose runs take longer never
+//! runs there, so it cannot hold up the threads that serve HTTP.
 
 mod batch;
 mod ordering;
@@ -32,6 +38,11 @@ use crate::tensor::Tensor;
 /// The answer a worker sends back to a queued request.
 type Reply = Result<(Vec<Tensor>, Timing), Error>;
 
+/// The longest a model's executions may take, on average, for a request
+/// that finds the queue empty to run on its own thread rather than a
+/// worker's (the async runtime's threads are held that long at most).
+pub const INLINE_INFER: Duration = Duration::from_micros(100);
+
 /// Where one request's time went inside the scheduler.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timing {
@@ -55,6 +66,11 @@ struct State {
 struct Shared {
     model: String,
     policy: Policy,
+    /// One per instance: its backend, locked while it runs.
+    slots: Vec<Slot>,
+    /// The recent executions' mean backend time, in microseconds (an
+    /// exponential moving average; 0 before the first).
+    infer_us: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
     /// Wakes workers: a request arrived, or the scheduler closed.
     wake: Condvar,
@@ -74,18 +90,26 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts one worker thread per instance.
     pub fn start(model: &str, policy: Policy, instances: Vec<Arc<dyn Backend>>, metrics: ModelMetrics) -> Scheduler {
+        let count = instances.len();
         let shared = Arc::new(Shared {
             model: model.to_owned(),
+            slots: instances.into_iter().map(|instance| Slot { instance, running: Mutex::new(()) }).collect(),
+            infer_us: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(State { queue: Queue::new(policy.levels.len()), closed: false }),
             wake: Condvar::new(),
             ordering: policy.preserve_ordering.then(Ordering::default),
             policy,
             metrics,
         });
-        let workers = spawn_workers(model, instances, {
-            let shared = shared.clone();
-            move |_, instance| shared.work(instance)
-        });
+        let workers = (0..count)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("plinth-{model}-{i}"))
+                    .spawn(move || shared.work(i))
+                    .expect("the OS can start a thread")
+            })
+            .collect();
         Scheduler { shared, workers }
     }
 
@@ -109,6 +133,10 @@ impl Scheduler {
         let queue_policy = &shared.policy.levels[level];
         inputs.sort_by(|a, b| a.name.cmp(&b.name));
         let rows = batch::rows(&inputs, shared.policy.batch_dimension);
+        let inputs = match shared.run_inline(inputs, rows) {
+            Ok(answer) => return answer,
+            Err(inputs) => inputs,
+        };
         let key = batch::batch_key(&inputs);
         let (reply, mut answer) = oneshot::channel();
         let id = {
@@ -232,11 +260,38 @@ impl Shared {
         removed
     }
 
-    /// A worker: runs batches on `instance` until the scheduler closes.
-    fn work(&self, instance: &dyn Backend) {
+    /// A worker: runs batches on instance `i` until the scheduler closes.
+    fn work(&self, i: usize) {
+        let slot = &self.slots[i];
         while let Some(batch) = self.next_batch() {
-            self.execute(instance, batch);
+            let _running = slot.running.lock().unwrap_or_else(|p| p.into_inner());
+            self.execute(&*slot.instance, batch);
         }
+    }
+
+    /// Runs a request at once on the calling thread when the model is fast
+    /// ([`INLINE_INFER`]), its policy runs a lone request at once, nothing
+    /// is queued and an instance is idle; gives `inputs` back otherwise.
+    fn run_inline(&self, inputs: Vec<Tensor>, rows: usize) -> Result<Reply, Vec<Tensor>> {
+        let mean = self.infer_us.load(std::sync::atomic::Ordering::Relaxed);
+        let fast = mean > 0 && mean <= INLINE_INFER.as_micros() as u64;
+        if !fast || !self.policy.runs_a_lone_request_at_once() || self.ordering.is_some() {
+            return Err(inputs);
+        }
+        let state = self.lock();
+        if state.closed || state.queue.total() > 0 {
+            return Err(inputs);
+        }
+        // An idle instance, held until the run is over: a worker that gets a
+        // batch meanwhile waits for it.
+        let Some((slot, _running)) = self.slots.iter().find_map(|s| Some((s, s.running.try_lock().ok()?))) else {
+            return Err(inputs);
+        };
+        drop(state);
+        self.metrics.queued(Duration::ZERO);
+        let answer = self.run_batch(&*slot.instance, vec![inputs], &[rows]).pop();
+        let answer = answer.unwrap_or_else(|| Err(Error::Internal(format!("model '{}' gave no answer", self.model))));
+        Ok(answer.map(|(outputs, compute)| (outputs, Timing { queue: Duration::ZERO, compute })))
     }
 
     /// Waits for the next batch; `None` once the scheduler is closed.
@@ -319,6 +374,17 @@ impl Shared {
         }
     }
 
+    /// Folds one execution's backend time into the moving average that
+    /// decides which requests may run inline (weight 1/8).
+    fn remember(&self, infer: Duration) {
+        let sample = (infer.as_micros() as u64).max(1);
+        let _ = self.infer_us.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |mean| Some(if mean == 0 { sample } else { (mean * 7 + sample) / 8 }),
+        );
+    }
+
     /// One backend execution of `rows` rows whose outputs `split` divides
     /// per request, timed and counted in the metrics; a panic in the
     /// backend is a failure, not a dead worker.
@@ -334,6 +400,7 @@ impl Shared {
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| instance.execute(inputs)))
             .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
         let infer = started.elapsed();
+        self.remember(infer);
         let result = result.and_then(|outputs| split(outputs).map_err(BackendError::Failed));
         let compute = Compute { input: gathered, infer, output: started.elapsed() - infer };
         self.metrics.executed(rows, compute, result.is_ok());
@@ -342,7 +409,7 @@ impl Shared {
 }
 
 /// One thread per instance, named `plinth-{name}-{i}`, running
-/// `work(i, instance)`.
+/// `work(i, instance)` (the sequence batcher's workers).
 fn spawn_workers<F>(name: &str, instances: Vec<Arc<dyn Backend>>, work: F) -> Vec<JoinHandle<()>>
 where
     F: Fn(usize, &dyn Backend) + Clone + Send + 'static,
@@ -358,6 +425,14 @@ where
                 .expect("the OS can start a thread")
         })
         .collect()
+}
+
+/// One instance of the model and whether it is running.
+struct Slot {
+    instance: Arc<dyn Backend>,
+    /// Held while the instance runs a batch (by its worker, or by a request
+    /// running inline).
+    running: Mutex<()>,
 }
 
 /// A backend's error as the request's, of the same class, naming `model`.
@@ -527,5 +602,28 @@ mod tests {
             out.push(handle.await.unwrap().unwrap());
         }
         out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fast_model_s_lone_request_runs_on_its_own_thread() {
+        let f = fixture("");
+        f.gate.open();
+        // The first run measures the model on its worker.
+        assert_eq!(f.submit(&[1.0]).await.unwrap().unwrap(), [2.0]);
+        assert_eq!(f.submit(&[2.0]).await.unwrap().unwrap(), [4.0]);
+        let threads = f.backend.threads.lock().unwrap().clone();
+        assert_eq!(threads[0].as_deref(), Some("plinth-m-0"));
+        assert_ne!(threads[1].as_deref(), Some("plinth-m-0"), "the second ran inline");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_policy_that_waits_to_batch_never_runs_inline() {
+        let f = fixture("dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 100 }");
+        f.gate.open();
+        for x in [1.0, 2.0, 3.0] {
+            assert_eq!(f.submit(&[x]).await.unwrap().unwrap(), [2.0 * x]);
+        }
+        let threads = f.backend.threads.lock().unwrap().clone();
+        assert!(threads.iter().all(|t| t.as_deref() == Some("plinth-m-0")), "{threads:?}");
     }
 }

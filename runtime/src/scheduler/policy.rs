@@ -89,6 +89,13 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Whether a request that finds the queue empty runs at once, alone:
+    /// without dynamic batching, or with it but neither a delay to wait
+    /// for more requests nor a preferred batch size to fill.
+    pub fn runs_a_lone_request_at_once(&self) -> bool {
+        !self.dynamic_batching || (self.max_queue_delay.is_zero() && self.preferred_batch_sizes.is_empty())
+    }
+
     /// The policy `config` declares. Without `dynamic_batching`, each
     /// request runs on its own, from one unbounded queue.
     ///
