@@ -101,6 +101,8 @@ pub(super) struct Composition {
     /// Time spent in composed calls since the deadline was last extended:
     /// the callee's work does not count against this plugin's time limit.
     pub(super) host_time: Duration,
+    /// Whether the running call made a composed call.
+    pub(super) composed: bool,
 }
 
 impl Composition {
@@ -167,7 +169,14 @@ impl Composition {
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Internal("composed calls need the server's runtime".to_owned()))?;
         let started = Instant::now();
-        let result = handle.block_on(future);
+        self.composed = true;
+        // On an async runtime thread (a call that ran inline), the thread
+        // hands its other tasks over while it waits; on a blocking thread
+        // this only runs the closure.
+        let result = match handle.runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| handle.block_on(future)),
+            _ => handle.block_on(future),
+        };
         self.host_time += started.elapsed();
         result
     }

@@ -22,6 +22,7 @@ mod memory;
 pub mod scaffold;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ pub use compose::{CallContext, ModelRunner};
 pub use contract::ContractVersion;
 use contract::{Exports, Pre};
 use memory::CountingLimits;
+use timing::CallTiming;
+pub use timing::INLINE_CALL;
 
 /// How often the epoch advances; the granularity of the call deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -266,6 +269,7 @@ impl PluginHost {
         let plugin = Plugin {
             label,
             code_bytes,
+            timing: CallTiming::default(),
             engine: self.engine.clone(),
             pre,
             info,
@@ -398,6 +402,8 @@ pub struct Plugin {
     label: String,
     /// The size of its compiled code in memory, in bytes.
     code_bytes: u64,
+    /// How long its calls take: which run inline.
+    timing: CallTiming,
     engine: Engine,
     pre: Pre<InstanceState>,
     info: ModelInfo,
@@ -435,7 +441,7 @@ impl Plugin {
         context: CallContext,
     ) -> Result<Vec<Tensor>, PluginError> {
         self.call_blocking(PluginStage::Preprocess, context, move |this, context| {
-            this.call("preprocess", context, |inst| inst.exports.preprocess(&mut inst.store, &req))
+            this.call(PluginStage::Preprocess, context, |inst| inst.exports.preprocess(&mut inst.store, &req))
         })
         .await
     }
@@ -452,7 +458,9 @@ impl Plugin {
         context: CallContext,
     ) -> Result<RawResponse, PluginError> {
         self.call_blocking(PluginStage::Postprocess, context, move |this, context| {
-            this.call("postprocess", context, |inst| inst.exports.postprocess(&mut inst.store, &req, outputs))
+            this.call(PluginStage::Postprocess, context, |inst| {
+                inst.exports.postprocess(&mut inst.store, &req, outputs)
+            })
         })
         .await
     }
@@ -463,6 +471,12 @@ impl Plugin {
     /// `concurrency` at a time; a nested call (made by another plugin
     /// through composition, whose caller holds a permit and waits) takes
     /// none, so compositions cannot deadlock on permits.
+    ///
+    /// A stage whose calls take [`INLINE_CALL`] or less on average, in a
+    /// plugin that has never run another model, runs on the calling thread
+    /// instead (inside `block_in_place`, so the runtime moves its other
+    /// tasks away if the call is slow after all): the hand-off to a
+    /// blocking thread and back would cost more than the call.
     async fn call_blocking<T: Send + 'static>(
         self: &Arc<Self>,
         stage: PluginStage,
@@ -478,6 +492,14 @@ impl Plugin {
             };
             let nested = context.chain.len() > 1;
             let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
+            // On the calling thread, told to the runtime: WASI's sync
+            // bindings wait on futures (a write to stderr, a file read), which
+            // an async worker may only do inside `block_in_place`.
+            let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+                == tokio::runtime::RuntimeFlavor::MultiThread;
+            if multi_thread && self.timing.runs_inline(stage) {
+                return tokio::task::block_in_place(|| f(self, context));
+            }
             let this = self.clone();
             tokio::task::spawn_blocking(move || f(&this, context))
                 .await
@@ -491,6 +513,20 @@ impl Plugin {
     /// Calls one export on a warm instance with `context` for its composed
     /// calls. The instance goes back to the pool unless it trapped.
     fn call<T>(
+        &self,
+        stage: PluginStage,
+        context: CallContext,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, Error>>,
+    ) -> Result<T, PluginError> {
+        let export = stage.label();
+        let started = Instant::now();
+        let result = self.call_instance(export, context, f);
+        self.timing.remember(stage, started.elapsed());
+        result
+    }
+
+    /// [`Plugin::call`] on an instance taken from the pool.
+    fn call_instance<T>(
         &self,
         export: &str,
         context: CallContext,
@@ -509,7 +545,11 @@ impl Plugin {
             Ok(result) => {
                 // An idle instance holds no runner: nothing it owns keeps the
                 // server's models alive.
-                inst.store.data_mut().composition.context = None;
+                let composition = &mut inst.store.data_mut().composition;
+                composition.context = None;
+                if std::mem::take(&mut composition.composed) {
+                    self.timing.composed();
+                }
                 self.idle.lock().expect("idle pool").push(inst);
                 result.map_err(|e| match e {
                     Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
