@@ -1,6 +1,10 @@
 //! Start-up in the modes that load from the repositories: every model
 //! (`none`, `poll`), or the `--load-model` ones (`explicit`, `on_demand`),
-//! after which the repository API's load and unload decide.
+//! after which the repository API's load and unload decide. The models load
+//! side by side, `--model-load-concurrency` at a time (the load permits),
+//! in name order.
+
+use futures_util::future::join_all;
 
 use super::core::Core;
 use super::request::LoadRequest;
@@ -12,10 +16,8 @@ use crate::repository::ModelDir;
 /// A message when a repository cannot be read.
 pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, String> {
     let dirs = core.scan()?;
-    for dir in &dirs {
-        // Errors are in the log and the index already.
-        let _ = core.load(&dir.name, LoadRequest::default()).await;
-    }
+    // Errors are in the log and the index already.
+    join_all(dirs.iter().map(|dir| core.load(&dir.name, LoadRequest::default()))).await;
     Ok(dirs)
 }
 
@@ -41,8 +43,6 @@ pub(super) async fn start(
         core.registry.add_unloaded(&dir.name, not_loaded);
     }
     before_loading(&wanted);
-    for name in &wanted {
-        let _ = core.load(name, LoadRequest::default()).await;
-    }
+    join_all(wanted.iter().map(|name| core.load(name, LoadRequest::default()))).await;
     Ok(())
 }
