@@ -39,6 +39,7 @@ bench: setup
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
 	cargo run --release --locked -p plinth-bench --bin tracing
+	cargo run --release --locked -p plinth-bench --bin overhead
 
 # Soak and chaos (bench/): memory over unload/load cycles under traffic, 500
 # version reloads, a load/unload storm under traffic, kill -9 during loads
@@ -56,6 +57,8 @@ SECONDS ?= 60
 fuzz:
 	scripts/fuzz.sh $(SECONDS)
 
-# Plinth beside the KServe Python model server and MLServer (own venvs in .cache/bench).
+# Plinth beside the KServe Python model server, MLServer and Triton (own venvs in
+# .cache/bench): ocr_cls at concurrency 1-16 and one OCR line, image in, text out;
+# tables on the terminal, docs/bench/peers.csv and the plots in docs/bench/.
 bench-peers: setup
 	bench/peers/run.sh

@@ -11,6 +11,9 @@ pub const ROW: usize = 3 * 48 * 192;
 
 /// One measurement: rows per second and latencies in milliseconds.
 pub struct Figures {
+    /// Calls measured (requests, or in-process runs).
+    #[allow(dead_code, reason = "the peers table prints it; the batching one does not")]
+    pub count: usize,
     pub per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -33,8 +36,9 @@ pub fn in_process(session: &mut Session, batch: usize, window: Duration) -> Figu
 /// of `latencies`.
 pub fn figures(rows: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Figures {
     latencies.sort();
+    let count = latencies.len();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0;
-    Figures { per_second: rows as f64 / elapsed.as_secs_f64(), p50_ms: at(0.50), p99_ms: at(0.99) }
+    Figures { count, per_second: rows as f64 / elapsed.as_secs_f64(), p50_ms: at(0.50), p99_ms: at(0.99) }
 }
 
 /// Rows of a text-line-like input with short exact JSON numbers.

@@ -8,42 +8,24 @@ Prints median and p90 per request in milliseconds and the ratio Plinth / Python.
 
 import argparse
 import http.client
-import io
-import math
 import pathlib
 import statistics
 import sys
 import time
 
-import numpy as np
-import onnxruntime
-from PIL import Image
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/python"))
+sys.path.insert(0, str(ROOT / "bench/peers"))
 from conftest import Plinth  # noqa: E402
+from ocr_pipeline import LineReader  # noqa: E402  (the pipeline every peer's model runs too)
 
 IMAGE = ROOT / "tests/fixtures/line_serif.png"
 MODEL = ROOT / "model_repository/ocr_rec/1/model.onnx"
 
 
 def python_pipeline():
-    session = onnxruntime.InferenceSession(str(MODEL))
-    classes = ["blank"] + session.get_modelmeta().custom_metadata_map["character"].split("\n") + [" "]
-
-    def read(body):
-        img = Image.open(io.BytesIO(body)).convert("RGB")
-        w = math.ceil(48 * img.width / img.height)
-        x = np.asarray(img.resize((w, 48), Image.BILINEAR), dtype=np.float32)[:, :, ::-1]
-        x = (x.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
-        padded = np.zeros((1, 3, 48, max(320, w)), dtype=np.float32)
-        padded[0, :, :, :w] = x
-        (probs,) = session.run(None, {"x": padded})
-        best = probs[0].argmax(axis=1)
-        keep = (best != 0) & np.concatenate(([True], best[1:] != best[:-1]))
-        return "".join(classes[i] for i in best[keep])
-
-    return read
+    reader = LineReader(MODEL)
+    return lambda body: reader.read(body)["text"]
 
 
 def timed(fn, n):

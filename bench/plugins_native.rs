@@ -1,155 +1,40 @@
 //! Each plugin's `preprocess` and `postprocess` in the WebAssembly sandbox
 //! against the same Rust code compiled natively into this benchmark, as a
-//! ratio, measured in the same run. The sandboxed times are the
-//! `Server-Timing` entries of `/predict` on the example repository (host
-//! conversions and call included); the native ones call the plugin types
-//! directly, with the same model information, request and model outputs.
-//! Plugins that compose (`ocr`, `vad`) call the host, so they are left out.
+//! ratio, measured in the same run (see `plugin_stages`). Plugins that
+//! compose (`ocr`, `vad`) call the host, so they are left out.
 //!
 //! Usage: cargo run --release -p plinth-bench --bin plugins_native (after `make setup`)
 
-use std::time::{Duration, Instant};
+mod plugin_stages;
 
-use plinth_client::{Client, InferInput, InferRequest};
-use plinth_plugin_sdk::{Datatype, ModelInfo, Plugin, Request, Tensor, TensorSpec};
-use plinth_tests::{Server, example_repository, fixture, ort_dylib_path, sample_photo};
-use serde_json::Value;
-
-/// Calls per measurement; the median is reported.
-const RUNS: usize = 41;
+use plinth_client::Client;
+use plinth_tests::{Server, example_repository, fixture, sample_photo};
+use plugin_stages::measure;
 
 fn main() {
     let server = Server::start(&example_repository(), &[]);
     let client = Client::new(server.base());
     println!("{:<14} {:<12} {:>10} {:>10} {:>8}", "model", "stage", "wasm µs", "native µs", "ratio");
-    measure::<ocr_cls::ExportedPlugin>(&server, &client, "ocr_cls", "image/png", fixture("cls_rotated.png"));
-    measure::<ocr_rec::ExportedPlugin>(&server, &client, "ocr_rec", "image/png", fixture("line_invoice.png"));
+    let print = |model: &str, stages: [plugin_stages::Stage; 2]| {
+        for stage in stages {
+            let (w, n) = (stage.wasm.as_secs_f64() * 1e6, stage.native.as_secs_f64() * 1e6);
+            println!("{model:<14} {:<12} {w:>10.1} {n:>10.1} {:>7.1}x", stage.name, w / n.max(0.001));
+        }
+    };
+    print(
+        "ocr_cls",
+        measure::<ocr_cls::ExportedPlugin>(&server, &client, "ocr_cls", "image/png", fixture("cls_rotated.png")),
+    );
+    print(
+        "ocr_rec",
+        measure::<ocr_rec::ExportedPlugin>(&server, &client, "ocr_rec", "image/png", fixture("line_invoice.png")),
+    );
     // SAFETY: set before any thread of this process reads the environment.
     let folder = example_repository().join("mobilenet_v2/1");
     unsafe { std::env::set_var("PLINTH_MODEL_DIR", &folder) };
     let photo = sample_photo("china.jpg");
-    measure::<image_classification::ExportedPlugin>(&server, &client, "mobilenet_v2", "image/jpeg", photo);
-}
-
-fn measure<P: Plugin>(server: &Server, client: &Client, model: &str, content_type: &str, body: Vec<u8>) {
-    let (wasm_pre, wasm_post) = sandboxed(server, model, content_type, &body);
-    let info = model_info(server, model);
-    let mut plugin = P::init(&info).unwrap_or_else(|e| panic!("{model}: init failed natively: {e:?}"));
-    let req = Request { content_type: content_type.to_owned(), body, parameters: Vec::new() };
-    let inputs = plugin.preprocess(&req).expect("native preprocess");
-    let native_pre = median(|| drop(plugin.preprocess(&req).expect("native preprocess")));
-    let outputs = run_model(client, model, &inputs);
-    let native_post = median(|| drop(plugin.postprocess(&req, outputs.clone()).expect("native postprocess")));
-    for (stage, wasm, native) in [("preprocess", wasm_pre, native_pre), ("postprocess", wasm_post, native_post)] {
-        let (w, n) = (wasm.as_secs_f64() * 1e6, native.as_secs_f64() * 1e6);
-        println!("{model:<14} {stage:<12} {w:>10.1} {n:>10.1} {:>7.1}x", w / n.max(0.001));
-    }
-}
-
-/// Median `preprocess` and `postprocess` times from `/predict`'s
-/// `Server-Timing` header.
-fn sandboxed(server: &Server, model: &str, content_type: &str, body: &[u8]) -> (Duration, Duration) {
-    let http = reqwest::blocking::Client::new();
-    let url = server.url(&format!("/v2/models/{model}/predict"));
-    let (mut pre, mut post) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
-        let response = http.post(&url).header("content-type", content_type).body(body.to_vec()).send().unwrap();
-        assert!(response.status().is_success(), "{model}: {}", response.status());
-        let timing = response.headers()["server-timing"].to_str().unwrap().to_owned();
-        let entry = |name: &str| {
-            let dur = timing.split(',').find_map(|e| e.trim().strip_prefix(&format!("{name};dur="))).unwrap();
-            Duration::from_secs_f64(dur.parse::<f64>().unwrap() / 1000.0)
-        };
-        pre.push(entry("preprocess"));
-        post.push(entry("postprocess"));
-    }
-    pre.sort();
-    post.sort();
-    (pre[RUNS / 2], post[RUNS / 2])
-}
-
-fn median(mut f: impl FnMut()) -> Duration {
-    let mut times: Vec<Duration> = (0..RUNS)
-        .map(|_| {
-            let started = Instant::now();
-            f();
-            started.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[RUNS / 2]
-}
-
-/// What the host tells the plugin: the served configuration, and the ONNX
-/// file's metadata (ocr_rec's dictionary lives there).
-fn model_info(server: &Server, model: &str) -> ModelInfo {
-    let (_, config) = server.get(&format!("/v2/models/{model}/config"));
-    let specs = |list: &Value| -> Vec<TensorSpec> {
-        list.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| TensorSpec {
-                name: t["name"].as_str().unwrap().to_owned(),
-                datatype: datatype(t["data_type"].as_str().unwrap()),
-                dims: t["dims"].as_array().unwrap().iter().map(|d| d.as_i64().unwrap()).collect(),
-            })
-            .collect()
-    };
-    let parameters = config["parameters"]
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v["string_value"].as_str().unwrap_or("").to_owned())).collect())
-        .unwrap_or_default();
-    ModelInfo {
-        name: model.to_owned(),
-        version: 1,
-        max_batch_size: config["max_batch_size"].as_u64().unwrap() as u32,
-        inputs: specs(&config["input"]),
-        outputs: specs(&config["output"]),
-        parameters,
-        metadata: onnx_metadata(model),
-    }
-}
-
-fn datatype(config_type: &str) -> Datatype {
-    match config_type {
-        "TYPE_FP32" => Datatype::Fp32,
-        other => panic!("the benchmark's plugins take FP32 tensors, not {other}"),
-    }
-}
-
-fn onnx_metadata(model: &str) -> Vec<(String, String)> {
-    // ONNX Runtime allows one environment per process.
-    static ENV: std::sync::OnceLock<ort::environment::Environment> = std::sync::OnceLock::new();
-    let env = ENV.get_or_init(|| {
-        ort::init_from(ort_dylib_path()).expect("ONNX Runtime loads").with_name("bench").build().expect("env")
-    });
-    let path = example_repository().join(model).join("1/model.onnx");
-    let session = ort::session::Session::builder(env).unwrap().commit_from_file(path).expect("the model loads");
-    let meta = session.metadata().unwrap();
-    meta.custom_keys().unwrap().into_iter().filter_map(|k| meta.custom(&k).map(|v| (k, v))).collect()
-}
-
-/// The model's outputs for `inputs`, through the server.
-fn run_model(client: &Client, model: &str, inputs: &[Tensor]) -> Vec<Tensor> {
-    let request = InferRequest::new(
-        inputs
-            .iter()
-            .map(|t| {
-                let values: Vec<f32> =
-                    t.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                InferInput::fp32(&t.name, &t.shape, &values)
-            })
-            .collect(),
+    print(
+        "mobilenet_v2",
+        measure::<image_classification::ExportedPlugin>(&server, &client, "mobilenet_v2", "image/jpeg", photo),
     );
-    let response = client.infer(model, &request).expect("the model runs");
-    response
-        .outputs
-        .iter()
-        .map(|o| Tensor {
-            name: o.name.clone(),
-            datatype: Datatype::Fp32,
-            shape: o.shape.clone(),
-            data: o.to_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-        })
-        .collect()
 }

@@ -5,6 +5,7 @@
 #   .cache/perf-analyzer/  Triton's perf_analyzer (tritonclient 2.51.0) and Debian's libb64-0d
 #   espeak-ng              Debian's speech synthesiser, for the voice-activity test
 #   chromium               Debian's Chromium and ChromeDriver, for the status page's browser test
+#   wrk, nginx-light       Debian's load generator and web server, for bench/overhead.rs
 #   wasm32-wasip2          the Rust target plugins are built for
 #   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
 #   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
@@ -37,8 +38,9 @@ step "perf_analyzer (tritonclient==2.51.0) in .cache/perf-analyzer"
 # The newest wheel whose perf_analyzer runs on this glibc; it needs Debian's
 # libb64-0d and libcudart from pip even without a GPU.
 # espeak-ng makes the speech the voice-activity test listens to; Chromium
-# and ChromeDriver show the status page to tests/python/test_status_page.py.
-for package in libb64-0d espeak-ng chromium chromium-driver; do
+# and ChromeDriver show the status page to tests/python/test_status_page.py;
+# wrk and nginx are bench/overhead.rs's load and its static floor.
+for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light; do
     if ! dpkg -s "$package" >/dev/null 2>&1; then
         sudo=$([[ $(id -u) == 0 ]] || echo sudo)
         $sudo apt-get install -y -q "$package" >/dev/null \

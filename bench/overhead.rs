@@ -1,0 +1,393 @@
+//! Plinth's own overhead per request (issue 20): each figure measured in
+//! one run against its floor measured in the same run, printed with the
+//! figure before this work (measured the same way on commit 440c5b9, the
+//! issue's table) and the target.
+//!
+//! - the tiny MLP of `bench/make_mlp.py` at concurrency 1 (`wrk`, one
+//!   connection, closed loop, v2 JSON), minus nginx answering the same
+//!   bytes (`return 200`), measured alternately;
+//! - ocr_cls (27,648 FP32, 207 KB as JSON) at concurrency 1, as JSON and as
+//!   binary tensor data, minus ONNX Runtime in this process at batch 1;
+//! - ocr_cls from 16 connections with dynamic batching, binary data, over
+//!   ONNX Runtime in this process at its best batch size;
+//! - ocr_cls's postprocess, a plugin call that does next to nothing, and
+//!   image preprocessing in the sandbox over the same Rust natively
+//!   (`plugin_stages`);
+//! - start-up on the example repository with a warm plugin cache, minus
+//!   its slowest single model load in the same start-up.
+//!
+//! Usage: cargo run --release -p plinth-bench --bin overhead [SECONDS]
+//! (needs `wrk` and `nginx`, which `make setup` installs). `PLINTH_BIN`
+//! picks the server binary measured (the plugin rows run in this process).
+
+// Shared with the other benchmarks; each uses part of them.
+#[allow(dead_code)]
+mod common;
+mod plugin_stages;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::in_process;
+use ort::session::Session;
+use plinth_client::{Client, InferInput, InferRequest};
+use plinth_tests::{Server, add_model, example_repository, fixture, ort_dylib_path, root, sample_photo};
+
+/// The figures of the issue's table before this work, in the units printed.
+const BEFORE: Before = Before {
+    tiny_us: 73.0,
+    json_ms: 1.5,
+    binary_ms: 0.27,
+    batching_ratio: f64::NAN,
+    noop_us: 30.0,
+    preprocess_ratio: 1.85,
+    startup_s: 6.0,
+};
+
+struct Before {
+    tiny_us: f64,
+    json_ms: f64,
+    binary_ms: f64,
+    batching_ratio: f64,
+    noop_us: f64,
+    preprocess_ratio: f64,
+    startup_s: f64,
+}
+
+fn main() {
+    let seconds: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let window = Duration::from_secs(seconds);
+    let work = tempfile::tempdir().expect("a temporary folder");
+    println!("| figure | now | floor (same run) | before | target |");
+    println!("|---|---|---|---|---|");
+    tiny_model(work.path(), window);
+    ocr_cls(work.path(), window);
+    plugins();
+    startup(work.path());
+}
+
+/// One `wrk` run: p50 in microseconds and requests per second.
+struct Wrk {
+    p50_us: f64,
+    per_second: f64,
+}
+
+/// `wrk` POSTing `body` (with `headers`) to `url` from `connections`
+/// connections for `window`.
+fn wrk(url: &str, body: &Path, headers: &[(&str, String)], connections: usize, window: Duration) -> Wrk {
+    let script = body.with_extension("lua");
+    let mut lua = format!(
+        "wrk.method = \"POST\"\nlocal f = io.open(\"{}\", \"rb\")\nwrk.body = f:read(\"*a\")\nf:close()\n",
+        body.display()
+    );
+    for (name, value) in headers {
+        lua.push_str(&format!("wrk.headers[\"{name}\"] = \"{value}\"\n"));
+    }
+    std::fs::write(&script, lua).expect("the wrk script");
+    let threads = connections.min(2).to_string();
+    let output = Command::new("wrk")
+        .args(["--latency", "-t", &threads, "-c", &connections.to_string(), "-d", &format!("{}s", window.as_secs())])
+        .arg("-s")
+        .arg(&script)
+        .arg(url)
+        .output()
+        .expect("wrk runs (make setup installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!text.contains("Non-2xx"), "{url} answered errors:\n{text}");
+    let p50 = text.lines().find_map(|l| l.trim().strip_prefix("50%")).map(|v| micros(v.trim()));
+    let rate = text.lines().find_map(|l| l.strip_prefix("Requests/sec:")).map(|v| v.trim().parse().unwrap_or(0.0));
+    Wrk { p50_us: p50.unwrap_or_else(|| panic!("no p50 in:\n{text}")), per_second: rate.unwrap_or(0.0) }
+}
+
+/// A wrk duration ("93.00us", "1.52ms", "1.01s") in microseconds.
+fn micros(value: &str) -> f64 {
+    let (number, scale) = if let Some(n) = value.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = value.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = value.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        (value, 1.0)
+    };
+    number.parse::<f64>().unwrap_or(f64::NAN) * scale
+}
+
+/// nginx answering every request with `answer` (JSON), on a free port;
+/// stopped when dropped.
+struct Nginx {
+    child: Child,
+    port: u16,
+}
+
+impl Nginx {
+    fn start(folder: &Path, answer: &str) -> Nginx {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().unwrap().port();
+        let conf = folder.join("nginx.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off; worker_processes 1; error_log stderr; pid {pid};\n\
+                 events {{}}\n\
+                 http {{ access_log off; client_body_temp_path {tmp}; \
+                 server {{ listen 127.0.0.1:{port}; location / {{ default_type application/json; return 200 '{answer}'; }} }} }}\n",
+                pid = folder.join("nginx.pid").display(),
+                tmp = folder.display(),
+            ),
+        )
+        .expect("nginx.conf");
+        let child = Command::new("nginx")
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(folder)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx starts (make setup installs it)");
+        plinth_tests::wait_until("nginx listens", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        Nginx { child, port }
+    }
+}
+
+impl Drop for Nginx {
+    /// SIGTERM, so that the master stops its worker too (a killed master
+    /// leaves the worker running, holding this process's stdout open).
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
+}
+
+fn row(figure: &str, now: String, floor: String, before: f64, target: &str) {
+    let before = if before.is_nan() { "not measured".to_owned() } else { format!("{before}") };
+    println!("| {figure} | {now} | {floor} | {before} | {target} |");
+}
+
+/// Tiny MLP at concurrency 1, minus nginx's static answer of the same size.
+fn tiny_model(work: &Path, window: Duration) {
+    let repo = work.join("tiny");
+    std::fs::create_dir_all(&repo).expect("a repository");
+    let model = work.join("mlp.onnx");
+    let made = Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("bench/make_mlp.py"))
+        .arg(&model)
+        .status()
+        .expect("bench/make_mlp.py");
+    assert!(made.success());
+    add_model(&repo, "mlp", &model, "max_batch_size: 8");
+    let server = Server::start(&repo, &[]);
+    let request = InferRequest::new(vec![InferInput::fp32("x", &[1, 64], &[0.5; 64])]).to_json();
+    let body = work.join("mlp.json");
+    std::fs::write(&body, &request).expect("the request body");
+    let answer = reqwest::blocking::Client::new()
+        .post(server.url("/v2/models/mlp/infer"))
+        .body(request)
+        .send()
+        .and_then(|r| r.text())
+        .expect("the MLP answers");
+    let nginx_dir = work.join("nginx");
+    std::fs::create_dir_all(&nginx_dir).expect("nginx's folder");
+    let nginx = Nginx::start(&nginx_dir, &answer);
+    let plinth_url = server.url("/v2/models/mlp/infer");
+    let nginx_url = format!("http://127.0.0.1:{}/v2/models/mlp/infer", nginx.port);
+    // Alternating halves, so both see the same machine.
+    let half = window / 2;
+    let (mut plinth, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        plinth.push(wrk(&plinth_url, &body, &[("Content-Type", "application/json".into())], 1, half).p50_us);
+        floor.push(wrk(&nginx_url, &body, &[("Content-Type", "application/json".into())], 1, half).p50_us);
+    }
+    let (p, f) = (mean(&plinth), mean(&floor));
+    row(
+        &format!("tiny model, c=1, p50 minus a static answer of the same size ({} bytes)", answer.len()),
+        format!("{:+.1} µs (p50 {p:.1} µs)", p - f),
+        format!("nginx p50 {f:.1} µs"),
+        BEFORE.tiny_us,
+        "≤ +25 µs",
+    );
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// ocr_cls as JSON and binary at concurrency 1, and from 16 connections
+/// with batching, against ONNX Runtime in this process.
+fn ocr_cls(work: &Path, window: Duration) {
+    let model = example_repository().join("ocr_cls/1/model.onnx");
+    let mut session = Session::builder(plugin_stages::ort_environment())
+        .expect("builder")
+        .commit_from_file(&model)
+        .expect("the model loads");
+    let repo = work.join("ocr_cls");
+    std::fs::create_dir_all(&repo).expect("a repository");
+    add_model(&repo, "cls", &model, "max_batch_size: 16 dynamic_batching { }");
+    let server = Server::start(&repo, &[]);
+    let url = server.url("/v2/models/cls/infer");
+    let rows = common::input_rows(0, 1);
+    let json = work.join("cls.json");
+    std::fs::write(&json, InferRequest::new(vec![InferInput::fp32("x", &[1, 3, 48, 192], &rows)]).to_json())
+        .expect("the JSON body");
+    let header = r#"{"inputs":[{"name":"x","shape":[1,3,48,192],"datatype":"FP32","parameters":{"binary_data_size":110592}}],"outputs":[{"name":"save_infer_model/scale_0.tmp_1","parameters":{"binary_data":true}}]}"#;
+    let binary = work.join("cls.bin");
+    let mut bytes = header.as_bytes().to_vec();
+    bytes.extend(rows.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(&binary, bytes).expect("the binary body");
+    let binary_headers = [
+        ("Content-Type", "application/octet-stream".to_owned()),
+        ("Inference-Header-Content-Length", header.len().to_string()),
+    ];
+
+    let floor = in_process(&mut session, 1, window);
+    let floor_us = floor.p50_ms * 1000.0;
+    let as_json = wrk(&url, &json, &[("Content-Type", "application/json".into())], 1, window);
+    row(
+        "ocr_cls JSON request (27,648 FP32, 207 KB), c=1, p50 minus ONNX Runtime in-process",
+        format!("{:+.3} ms (p50 {:.3} ms)", (as_json.p50_us - floor_us) / 1000.0, as_json.p50_us / 1000.0),
+        format!("ONNX Runtime p50 {:.3} ms", floor.p50_ms),
+        BEFORE.json_ms,
+        "≤ +0.4 ms",
+    );
+    let as_binary = wrk(&url, &binary, &binary_headers, 1, window);
+    row(
+        "same tensor as binary data, c=1",
+        format!("{:+.3} ms (p50 {:.3} ms)", (as_binary.p50_us - floor_us) / 1000.0, as_binary.p50_us / 1000.0),
+        format!("ONNX Runtime p50 {:.3} ms", floor.p50_ms),
+        BEFORE.binary_ms,
+        "≤ +0.1 ms",
+    );
+    let best = [1, 2, 4, 8, 16]
+        .into_iter()
+        .map(|batch| (batch, in_process(&mut session, batch, window / 2).per_second))
+        .fold((0, 0.0), |best, b| if b.1 > best.1 { b } else { best });
+    let concurrent = wrk(&url, &binary, &binary_headers, 16, window);
+    row(
+        "ocr_cls, 16 connections, dynamic batching, binary data: rows/s ÷ ONNX Runtime at its best batch",
+        format!("{:.2} ({:.0} rows/s)", concurrent.per_second / best.1, concurrent.per_second),
+        format!("ONNX Runtime batch {} {:.0} rows/s", best.0, best.1),
+        BEFORE.batching_ratio,
+        "≥ 0.9",
+    );
+}
+
+/// A plugin call that does next to nothing, and image preprocessing in the
+/// sandbox over the same code natively.
+fn plugins() {
+    let server = Server::start(&example_repository(), &[]);
+    let client = Client::new(server.base());
+    let [cls_pre, cls_post] = plugin_stages::measure::<ocr_cls::ExportedPlugin>(
+        &server,
+        &client,
+        "ocr_cls",
+        "image/png",
+        fixture("cls_rotated.png"),
+    );
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    row(
+        &format!("plugin call that does nothing (ocr_cls {})", cls_post.name),
+        format!("{:.1} µs", us(cls_post.wasm)),
+        format!("native {:.1} µs", us(cls_post.native)),
+        BEFORE.noop_us,
+        "≤ 8 µs",
+    );
+    let [rec_pre, _] = plugin_stages::measure::<ocr_rec::ExportedPlugin>(
+        &server,
+        &client,
+        "ocr_rec",
+        "image/png",
+        fixture("line_invoice.png"),
+    );
+    // SAFETY: set before any thread of this process reads the environment.
+    unsafe { std::env::set_var("PLINTH_MODEL_DIR", example_repository().join("mobilenet_v2/1")) };
+    let [mobilenet_pre, _] = plugin_stages::measure::<image_classification::ExportedPlugin>(
+        &server,
+        &client,
+        "mobilenet_v2",
+        "image/jpeg",
+        sample_photo("china.jpg"),
+    );
+    for (model, stage) in [("ocr_cls", cls_pre), ("ocr_rec", rec_pre), ("mobilenet_v2", mobilenet_pre)] {
+        row(
+            &format!("image {} in the sandbox ÷ natively ({model})", stage.name),
+            format!("{:.2}× ({:.0} µs)", us(stage.wasm) / us(stage.native), us(stage.wasm)),
+            format!("native {:.0} µs", us(stage.native)),
+            BEFORE.preprocess_ratio,
+            "≤ 1.3×",
+        );
+    }
+}
+
+/// Start-up on the example repository with a warm plugin cache: its whole
+/// time, minus the slowest single model load within it.
+fn startup(work: &Path) {
+    let cache = work.join("plugin-cache");
+    drop(start_example(&cache)); // fills the plugin cache
+    let (total, log) = start_example(&cache);
+    let slowest = slowest_load(&log);
+    row(
+        "start-up, example repository (6 models), warm plugin cache: total minus the slowest load",
+        format!("{:+.2} s (total {:.2} s)", total.as_secs_f64() - slowest, total.as_secs_f64()),
+        format!("slowest load {slowest:.2} s"),
+        BEFORE.startup_s,
+        "≤ +1 s",
+    );
+}
+
+/// Serves the example repository with the plugin cache `cache` until its
+/// start-up loading finished; how long that took, and its log.
+fn start_example(cache: &Path) -> (Duration, String) {
+    use std::io::BufRead;
+    let started = Instant::now();
+    let mut child = Command::new(plinth_tests::binary())
+        .env("ORT_DYLIB_PATH", ort_dylib_path())
+        .args(["serve", "--http-address", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
+        .arg("--model-repository")
+        .arg(example_repository())
+        .arg("--plugin-cache-dir")
+        .arg(cache)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("plinth starts");
+    let mut log = String::new();
+    for line in std::io::BufReader::new(child.stderr.take().expect("stderr")).lines().map_while(Result::ok) {
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("start-up loading finished") {
+            break;
+        }
+    }
+    let total = started.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.contains("start-up loading finished"), "plinth did not start:\n{log}");
+    (total, log)
+}
+
+/// The longest time any model took from `load: start` to its footprint
+/// (`load: footprint`, after every warm-up), in seconds, from a log.
+fn slowest_load(log: &str) -> f64 {
+    let mut started = std::collections::HashMap::new();
+    let mut slowest: f64 = 0.0;
+    for line in log.lines() {
+        let Some(stamp) = line.split_whitespace().next().and_then(timestamp) else { continue };
+        let Some(model) = line.split("model=").nth(1).and_then(|m| m.split_whitespace().next()) else { continue };
+        if line.contains("load: start") {
+            started.insert(model.to_owned(), stamp);
+        } else if line.contains("load: footprint")
+            && let Some(begun) = started.get(model)
+        {
+            slowest = slowest.max(stamp - begun);
+        }
+    }
+    slowest
+}
+
+/// Seconds since midnight of an RFC 3339 timestamp (`...T09:40:00.123Z`).
+fn timestamp(text: &str) -> Option<f64> {
+    let time = text.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let (h, m, s) =
+        (parts.next()?.parse::<f64>().ok()?, parts.next()?.parse::<f64>().ok()?, parts.next()?.parse::<f64>().ok()?);
+    Some(h * 3600.0 + m * 60.0 + s)
+}
