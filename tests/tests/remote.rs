@@ -186,6 +186,7 @@ fn repository_control_loads_and_unloads_the_remote_model() {
     assert_eq!(classify(&front, "second_cls", "cls_rotated.png").1["angle"], 180);
     let (status, body) = front.post_json("/v2/repository/models/second_cls/unload", &json!({}));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(front.log_count(unloading), 1, "{}", front.log());
+    // The server's log is read by another thread of this test: wait for it.
+    wait_until("the remote model's unload is logged", || front.log_count(unloading) == 1);
     wait_until("the remote model is unloaded", || state(&remote) != Some(json!("READY")));
 }
