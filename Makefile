@@ -17,6 +17,8 @@ serve: setup
 test: setup
 	python3 scripts/check_layers.py
 	cargo test --release --workspace --all-features --locked
+# The text-embedding plugin's own unit tests, natively (input forms, buckets, pooling).
+	cd plugins && cargo test --locked --target $$(rustc -vV | sed -n 's/^host: //p') -p text-embedding
 	.venv/bin/python -m pytest -q tests/python
 
 # The self-contained bundle in dist/plinth (binary, ONNX Runtime, libtorch).
