@@ -4,9 +4,13 @@
 //! `Server-Timing` entries of `/predict` on the example repository (host
 //! conversions and call included); the native ones call the plugin types
 //! directly, with the same model information, request and model outputs.
-//! Plugins that compose (`ocr`, `vad`) call the host, so they are left out.
+//! Plugins that compose (`ocr`, `vad`, `spam_classifier`) call the host, so
+//! they are left out. For `minilm` (text-embedding) preprocess is the
+//! tokenizer (`tokenizers` compiled to wasm32-wasip2 against natively) and
+//! postprocess tokenizes again and pools.
 //!
-//! Usage: cargo run --release -p plinth-bench --bin plugins_native (after `make setup`)
+//! Usage: cargo run --release -p plinth-bench --bin plugins_native [MODEL...]
+//! (after `make setup`; every model when none is named)
 
 use std::time::{Duration, Instant};
 
@@ -19,16 +23,32 @@ use serde_json::Value;
 const RUNS: usize = 41;
 
 fn main() {
+    let named: Vec<String> = std::env::args().skip(1).collect();
+    let wanted = |model: &str| named.is_empty() || named.iter().any(|n| n == model);
     let server = Server::start(&example_repository(), &[]);
     let client = Client::new(server.base());
     println!("{:<14} {:<12} {:>10} {:>10} {:>8}", "model", "stage", "wasm µs", "native µs", "ratio");
-    measure::<ocr_cls::ExportedPlugin>(&server, &client, "ocr_cls", "image/png", fixture("cls_rotated.png"));
-    measure::<ocr_rec::ExportedPlugin>(&server, &client, "ocr_rec", "image/png", fixture("line_invoice.png"));
-    // SAFETY: set before any thread of this process reads the environment.
-    let folder = example_repository().join("mobilenet_v2/1");
-    unsafe { std::env::set_var("PLINTH_MODEL_DIR", &folder) };
-    let photo = sample_photo("china.jpg");
-    measure::<image_classification::ExportedPlugin>(&server, &client, "mobilenet_v2", "image/jpeg", photo);
+    if wanted("ocr_cls") {
+        measure::<ocr_cls::ExportedPlugin>(&server, &client, "ocr_cls", "image/png", fixture("cls_rotated.png"));
+    }
+    if wanted("ocr_rec") {
+        measure::<ocr_rec::ExportedPlugin>(&server, &client, "ocr_rec", "image/png", fixture("line_invoice.png"));
+    }
+    if wanted("mobilenet_v2") {
+        // SAFETY: set before any other thread of this process reads the environment.
+        unsafe { std::env::set_var("PLINTH_MODEL_DIR", example_repository().join("mobilenet_v2/1")) };
+        let photo = sample_photo("china.jpg");
+        measure::<image_classification::ExportedPlugin>(&server, &client, "mobilenet_v2", "image/jpeg", photo);
+    }
+    if wanted("minilm") {
+        // SAFETY: as above; the plugins read it in `init` only.
+        unsafe { std::env::set_var("PLINTH_MODEL_DIR", example_repository().join("minilm/1")) };
+        // 16 texts of 3 to 59 tokens: the 50 test sentences, every third.
+        let sentences = String::from_utf8(fixture("sentences.txt")).unwrap();
+        let texts: Vec<&str> = sentences.lines().step_by(3).take(16).collect();
+        let body = serde_json::to_vec(&serde_json::json!({ "input": texts })).unwrap();
+        measure::<text_embedding::ExportedPlugin>(&server, &client, "minilm", "application/json", body);
+    }
 }
 
 fn measure<P: Plugin>(server: &Server, client: &Client, model: &str, content_type: &str, body: Vec<u8>) {
@@ -113,7 +133,8 @@ fn model_info(server: &Server, model: &str) -> ModelInfo {
 fn datatype(config_type: &str) -> Datatype {
     match config_type {
         "TYPE_FP32" => Datatype::Fp32,
-        other => panic!("the benchmark's plugins take FP32 tensors, not {other}"),
+        "TYPE_INT64" => Datatype::Int64,
+        other => panic!("the benchmark's plugins take FP32 and INT64 tensors, not {other}"),
     }
 }
 
@@ -134,10 +155,17 @@ fn run_model(client: &Client, model: &str, inputs: &[Tensor]) -> Vec<Tensor> {
     let request = InferRequest::new(
         inputs
             .iter()
-            .map(|t| {
-                let values: Vec<f32> =
-                    t.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                InferInput::fp32(&t.name, &t.shape, &values)
+            .map(|t| match t.datatype {
+                Datatype::Int64 => {
+                    let values: Vec<i64> =
+                        t.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+                    InferInput { name: t.name.clone(), shape: t.shape.clone(), datatype: "INT64".into(), data: values.into() }
+                }
+                _ => {
+                    let values: Vec<f32> =
+                        t.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                    InferInput::fp32(&t.name, &t.shape, &values)
+                }
             })
             .collect(),
     );
