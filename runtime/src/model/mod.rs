@@ -119,6 +119,8 @@ pub struct Model {
     /// The inputs and outputs served, completed from the model file where
     /// the configuration leaves them out.
     pub signature: Signature,
+    /// When this version was made (loaded); OpenAI's model `created`.
+    pub loaded_at: SystemTime,
     engine: Engine,
     metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
@@ -299,6 +301,7 @@ impl Model {
             version,
             config: config.clone(),
             signature,
+            loaded_at: SystemTime::now(),
             engine: Engine::Backends { instances, batcher },
             metrics,
             plugin,
@@ -322,6 +325,7 @@ impl Model {
             version,
             config: config.clone(),
             signature,
+            loaded_at: SystemTime::now(),
             engine: Engine::Ensemble(ensemble),
             metrics,
             plugin: None,

@@ -1,4 +1,5 @@
-//! The KServe v2 HTTP front end on axum: the route table, body limits,
+//! The KServe v2 HTTP front end on axum (and the OpenAI-compatible routes
+//! of `openai`): the route table, body limits,
 //! compression, the counting of inference requests in flight, connections
 //! closed from shutdown on, and a JSON body for hyper's own error answers.
 //! The handlers are in `routes`.
@@ -18,7 +19,7 @@ use opentelemetry::KeyValue;
 use tracing::Instrument;
 
 use super::restrictions::Api;
-use super::{ApiError, Service, routes};
+use super::{ApiError, Service, openai, routes};
 use crate::trace::{Front, Span};
 
 /// The KServe v2 routes over `service`, each group of them behind its
@@ -34,6 +35,16 @@ pub fn router(service: Arc<Service>) -> Router {
         // as tritonclient's aio client send `Accept-Encoding: gzip` on every
         // call and decompress only inference bodies.
         .layer(CompressionLayer::new());
+    // OpenAI's embeddings call, counted and refused at shutdown like the
+    // v2 inference routes; every error of the OpenAI routes in its shape.
+    let openai_inference = Router::new()
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route_layer(middleware::from_fn_with_state(service.clone(), track_inference))
+        .layer(middleware::map_response(openai::error_shape));
+    let openai_models = Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{model}", get(openai::model))
+        .layer(middleware::map_response(openai::error_shape));
     let health = Router::new()
         .route("/v2/health/live", get(routes::live))
         .route("/v2/health/ready", get(routes::ready))
@@ -76,6 +87,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/cudasharedmemory/region/{region}/unregister", post(routes::unregister_cuda_shared_memory));
     let groups = [
         (Api::Inference, inference),
+        (Api::Inference, openai_inference),
+        (Api::Metadata, openai_models),
         (Api::Health, health),
         (Api::Metadata, metadata),
         (Api::ModelConfig, model_config),

@@ -1,6 +1,7 @@
 //! The server: the KServe v2 front ends over one [`Service`] core (HTTP on
 //! axum in [`http`] and `routes`, gRPC on tonic in `grpc`, ModelMesh's
-//! runtime interface in `modelmesh`), the metrics endpoint, and
+//! runtime interface in `modelmesh`), OpenAI-compatible routes for the
+//! models that opt in (`openai`), the metrics endpoint, and
 //! [`serve`], which starts them, runs the start-up loads and polling, and
 //! shuts down gracefully.
 
@@ -10,6 +11,7 @@ pub mod http;
 mod listeners;
 pub mod logging;
 mod modelmesh;
+pub mod openai;
 pub mod restrictions;
 mod routes;
 pub mod service;

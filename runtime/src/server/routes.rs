@@ -594,7 +594,7 @@ pub async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
 
-fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
+pub(super) fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
     let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         // Begins as Triton's text, which clients match on.
         let max = service.max_body_bytes;

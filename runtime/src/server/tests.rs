@@ -307,3 +307,41 @@ fn hyper_s_own_error_answers_are_explained_and_nothing_else() {
         assert_eq!(explain_automatic_answer(other.as_bytes()), None, "{other}");
     }
 }
+
+#[tokio::test]
+async fn openai_routes_list_only_the_models_that_opt_in_and_answer_errors_in_openai_s_shape() {
+    let repo = Repository::new();
+    repo.add("twice", &[1], "");
+    repo.add("vectors", &[1], r#"parameters { key: "openai.embeddings" value: { string_value: "true" } }"#);
+    let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&["*".into()]).await.unwrap();
+    let service = Arc::new(Service::new(lifecycle, true, 1 << 20));
+    service.startup_done.store(true, Ordering::Release);
+
+    let (status, body) = call(&service, "GET", "/v1/models", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids: Vec<&Value> = body["data"].as_array().unwrap().iter().map(|m| &m["id"]).collect();
+    assert_eq!(ids, [&json!("vectors")]);
+    assert_eq!((&body["data"][0]["object"], &body["data"][0]["owned_by"]), (&json!("model"), &json!("plinth")));
+
+    let (status, body) = call(&service, "POST", "/v1/embeddings", r#"{"model": "nope", "input": "a"}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!((&body["error"]["code"], &body["error"]["param"]), (&json!("model_not_found"), &json!("model")));
+    assert!(body["error"]["message"].as_str().unwrap().contains("'nope'"), "{body}");
+    let (status, body) = call(&service, "POST", "/v1/embeddings", r#"{"model": "twice", "input": "a"}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body["error"]["message"].as_str().unwrap().contains("openai.embeddings"), "{body}");
+    // The fake model has no plugin, so its /predict refuses the input.
+    let (status, body) = call(&service, "POST", "/v1/embeddings", r#"{"model": "vectors", "input": "a"}"#).await;
+    assert_eq!((status, &body["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("input")), "{body}");
+    assert_eq!(body["error"]["type"], json!("invalid_request_error"));
+    let (status, body) = call(&service, "GET", "/v1/models/twice", "").await;
+    assert_eq!((status, &body["error"]["code"]), (StatusCode::NOT_FOUND, &json!("model_not_found")));
+
+    // Refusals from outside the handlers (shutdown) take the same shape.
+    service.refusing.store(true, Ordering::Release);
+    let (status, body) = call(&service, "POST", "/v1/embeddings", r#"{"model": "vectors", "input": "a"}"#).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["error"]["type"], json!("server_error"), "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+}
