@@ -50,15 +50,28 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(status = self.status.as_u16(), "{}", self.message);
-        } else {
-            tracing::debug!(status = self.status.as_u16(), "{}", self.message);
-        }
-        let mut response = (self.status, Json(serde_json::json!({ "error": self.message }))).into_response();
-        if let Some(secs) = self.retry_after_secs {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        let body = serde_json::json!({ "error": self.message });
+        respond(self.status, &self.message, body, self.retry_after_secs)
     }
+}
+
+/// An error answer with `body` (the KServe or OpenAI shape) and status,
+/// `Retry-After` when given; `message` is logged, as a warning for a server
+/// failure other than 503 (which is the server working as designed).
+pub(super) fn respond(
+    status: StatusCode,
+    message: &str,
+    body: serde_json::Value,
+    retry_after_secs: Option<u64>,
+) -> Response {
+    if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        tracing::warn!(status = status.as_u16(), "{message}");
+    } else {
+        tracing::debug!(status = status.as_u16(), "{message}");
+    }
+    let mut response = (status, Json(body)).into_response();
+    if let Some(secs) = retry_after_secs {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }

@@ -21,12 +21,12 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
+use super::error::{ApiError, respond};
 use super::service::Service;
 use crate::error::Error;
 use crate::model::Model;
@@ -115,22 +115,13 @@ fn error_type(status: StatusCode) -> &'static str {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(status = self.status.as_u16(), "{}", self.message);
-        } else {
-            tracing::debug!(status = self.status.as_u16(), "{}", self.message);
-        }
         let body = json!({ "error": {
             "message": self.message,
             "type": error_type(self.status),
             "param": self.param,
             "code": self.code,
         }});
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(secs) = self.retry_after_secs {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        respond(self.status, &self.message, body, self.retry_after_secs)
     }
 }
 
