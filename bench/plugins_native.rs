@@ -53,6 +53,9 @@ fn main() {
         let sentences = String::from_utf8(fixture("sentences.txt")).expect("UTF-8 sentences");
         let texts: Vec<&str> = sentences.lines().step_by(3).take(16).collect();
         let body = serde_json::to_vec(&serde_json::json!({ "input": texts })).expect("JSON");
-        print("minilm", measure::<text_embedding::ExportedPlugin>(&server, &client, "minilm", "application/json", body));
+        print(
+            "minilm",
+            measure::<text_embedding::ExportedPlugin>(&server, &client, "minilm", "application/json", body),
+        );
     }
 }

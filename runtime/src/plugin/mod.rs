@@ -495,8 +495,8 @@ impl Plugin {
             // On the calling thread, told to the runtime: WASI's sync
             // bindings wait on futures (a write to stderr, a file read), which
             // an async worker may only do inside `block_in_place`.
-            let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
-                == tokio::runtime::RuntimeFlavor::MultiThread;
+            let multi_thread =
+                tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
             if multi_thread && self.timing.runs_inline(stage) {
                 return tokio::task::block_in_place(|| f(self, context));
             }
