@@ -17,7 +17,7 @@ import sys
 
 # Lowest first; modules on one line are one layer (README "Layout").
 LAYERS = [
-    ["tensor", "error"],
+    ["tensor", "error", "gpu"],
     ["config", "repository", "metrics", "protocol", "trace"],
     ["backend"],
     ["scheduler"],

@@ -113,6 +113,14 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_loaded_models: Option<usize>,
 
+    /// Device memory models may hold on a GPU, as a fraction of its memory:
+    /// DEVICE:FRACTION, e.g. 0:0.8 (repeat per GPU; Triton's flag). Each
+    /// model's share is measured at its load. In on_demand mode the least
+    /// recently used models on that GPU leave to make room; in the other
+    /// modes a load that does not fit is refused.
+    #[arg(long = "model-load-gpu-limit", value_name = "DEVICE:FRACTION", value_parser = parse_gpu_limit)]
+    pub model_load_gpu_limits: Vec<(u32, f64)>,
+
     /// Model loads that run at once (default: one per core).
     #[arg(long)]
     pub model_load_concurrency: Option<usize>,
@@ -291,8 +299,10 @@ impl ServeArgs {
                 budget: Budget {
                     bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),
                     models: self.max_loaded_models,
+                    gpu: Default::default(),
                 },
             },
+            gpu_load_limits: self.model_load_gpu_limits.clone(),
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
             grpc_port: self.allow_grpc.then_some(self.grpc_port),
             repository_poll: Duration::from_secs(self.repository_poll_secs),
@@ -324,6 +334,17 @@ impl ServeArgs {
             response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
             trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
+    }
+}
+
+/// `--model-load-gpu-limit`'s DEVICE:FRACTION, as Triton writes it.
+fn parse_gpu_limit(text: &str) -> Result<(u32, f64), String> {
+    let (device, fraction) =
+        text.split_once(':').ok_or_else(|| format!("'{text}' is not DEVICE:FRACTION (e.g. 0:0.8)"))?;
+    let device = device.trim().parse::<u32>().map_err(|_| format!("'{device}' is not a GPU index"))?;
+    match fraction.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok((device, f)),
+        _ => Err(format!("'{fraction}' is not a fraction above 0 and at most 1")),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod gpu;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model;

@@ -1,24 +1,79 @@
-//! Which models are in memory, how many bytes each holds, which are pinned,
-//! and which to evict when a byte budget would be exceeded: least recently
-//! used first, never a pinned model, and a busy one only when no idle one is
-//! left. Where another system decides placement (ModelMesh), nothing is
-//! chosen and a model that does not fit is refused ([`Admission`]).
+//! Which models are in memory, how many bytes each holds on the host and on
+//! each GPU, which are pinned, and which to evict when a budget would be
+//! exceeded: least recently used first, never a pinned model, a busy one
+//! only when no idle one is left, and for a GPU's budget only models that
+//! hold memory on that GPU. Where another system decides placement
+//! (ModelMesh), or the operator does (explicit, poll and none modes, where
+//! only a GPU budget applies), nothing is chosen and a model that does not
+//! fit is refused ([`Admission`]).
 //!
 //! This module keeps the accounting and makes the choices; `lifecycle`
 //! carries them out.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
 use lru::LruCache;
 
 /// Limits on what may be resident at once.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Budget {
     /// Host memory for all resident models, in bytes (`--model-memory-budget`).
     pub bytes: Option<u64>,
     /// Number of resident models (`--max-loaded-models`).
     pub models: Option<usize>,
+    /// Device memory for all resident models, in bytes, by GPU index
+    /// (`--model-load-gpu-limit`); a GPU without an entry is not limited.
+    pub gpu: BTreeMap<u32, u64>,
+}
+
+/// What a resident model holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Host memory, in bytes.
+    pub host: u64,
+    /// Device memory, in bytes, by GPU index; no entry for a GPU it does not use.
+    pub devices: BTreeMap<u32, u64>,
+}
+
+impl Footprint {
+    /// A footprint of `bytes` of host memory and nothing on a GPU.
+    pub fn host(bytes: u64) -> Footprint {
+        Footprint { host: bytes, devices: BTreeMap::new() }
+    }
+
+    /// Adds `other` to this one.
+    pub fn add(&mut self, other: &Footprint) {
+        self.host += other.host;
+        for (&device, &bytes) in &other.devices {
+            *self.devices.entry(device).or_default() += bytes;
+        }
+    }
+
+    /// Takes `other` away from this one (never below zero).
+    fn subtract(&mut self, other: &Footprint) {
+        self.host = self.host.saturating_sub(other.host);
+        for (device, bytes) in &other.devices {
+            if let Some(held) = self.devices.get_mut(device) {
+                *held = held.saturating_sub(*bytes);
+            }
+        }
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.host == 0 && self.devices.values().all(|&b| b == 0)
+    }
+}
+
+impl std::fmt::Display for Footprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&human(self.host))?;
+        for (device, bytes) in &self.devices {
+            write!(f, " + {} on GPU {device}", human(*bytes))?;
+        }
+        Ok(())
+    }
 }
 
 /// What happens when a model needs more room than the budget has free.
@@ -32,10 +87,10 @@ pub enum Admission {
 }
 
 /// One resident model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resident {
-    /// Accounted footprint of its loaded versions, in bytes.
-    pub bytes: u64,
+    /// Accounted footprint of its loaded versions.
+    pub footprint: Footprint,
     /// Never evicted (loaded by `--load-model`, or `pinned` in its config).
     pub pinned: bool,
 }
@@ -47,7 +102,7 @@ struct State {
     lru: Option<LruCache<String, Resident>>,
     /// The last accounted footprint of every model ever loaded, resident or
     /// not: the size to make room for before loading it again.
-    footprints: HashMap<String, u64>,
+    footprints: HashMap<String, Footprint>,
     /// Models never evicted whatever their configuration says
     /// (`--load-model` in on-demand mode).
     pinned: HashSet<String>,
@@ -73,8 +128,8 @@ impl Residency {
     }
 
     /// The budget.
-    pub fn budget(&self) -> Budget {
-        self.budget
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Pins `name`: it is never evicted.
@@ -87,16 +142,15 @@ impl Residency {
         self.state.lock().expect("residency lock").pinned.contains(name)
     }
 
-    /// Room for `need` more bytes for `name`: the models to evict for it
-    /// (none under [`Admission::RefuseWhenFull`]), chosen as
-    /// [`Residency::victims`] chooses; `busy` tells which models have
-    /// requests in flight.
+    /// Room for `need` for `name`: the models to evict for it (none under
+    /// [`Admission::RefuseWhenFull`]), chosen as [`Residency::victims`]
+    /// chooses; `busy` tells which models have requests in flight.
     ///
     /// # Errors
-    /// A message with both sizes when `need` exceeds the whole budget
+    /// A message with both sizes when `need` exceeds a whole budget
     /// (nothing is evicted), or, under [`Admission::RefuseWhenFull`], the
     /// room that is left.
-    pub fn make_room(&self, name: &str, need: u64, busy: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
+    pub fn make_room(&self, name: &str, need: &Footprint, busy: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
         self.check_fits(name, need)?;
         match self.admission {
             Admission::EvictLeastRecentlyUsed => Ok(self.victims(name, need, busy)),
@@ -110,74 +164,125 @@ impl Residency {
     }
 
     /// The footprint measured the last time `name` was loaded, if ever.
-    pub fn known_footprint(&self, name: &str) -> Option<u64> {
-        self.state.lock().expect("residency lock").footprints.get(name).copied()
+    pub fn known_footprint(&self, name: &str) -> Option<Footprint> {
+        self.state.lock().expect("residency lock").footprints.get(name).cloned()
     }
 
-    /// Bytes held by resident models.
-    pub fn used(&self) -> u64 {
+    /// What resident models hold, together.
+    pub fn used(&self) -> Footprint {
         let mut state = self.state.lock().expect("residency lock");
-        state.lru().iter().map(|(_, r)| r.bytes).sum()
+        let mut used = Footprint::default();
+        for (_, resident) in state.lru().iter() {
+            used.add(&resident.footprint);
+        }
+        used
     }
 
-    /// Whether `bytes` can ever fit: a model larger than the whole budget is
+    /// What resident models other than `name` hold, with `need` added.
+    fn others_with(&self, name: &str, need: &Footprint) -> Footprint {
+        let mut state = self.state.lock().expect("residency lock");
+        let mut total = need.clone();
+        for (_, resident) in state.lru().iter().filter(|(n, _)| n.as_str() != name) {
+            total.add(&resident.footprint);
+        }
+        total
+    }
+
+    /// Each budget that `total` exceeds: `None` for the host's, else the GPU.
+    fn exceeded(&self, total: &Footprint) -> Vec<Option<u32>> {
+        let host = self.budget.bytes.is_some_and(|b| total.host > b).then_some(None);
+        let devices = self.budget.gpu.iter().filter(|(d, limit)| total.devices.get(d).is_some_and(|b| b > limit));
+        host.into_iter().chain(devices.map(|(d, _)| Some(*d))).collect()
+    }
+
+    /// Whether `need` can ever fit: a model larger than a whole budget is
     /// refused without evicting anything.
     ///
     /// # Errors
-    /// A message with both sizes.
-    pub fn check_fits(&self, name: &str, bytes: u64) -> Result<(), String> {
-        match self.budget.bytes {
-            Some(budget) if bytes > budget => Err(format!(
+    /// A message with both sizes, naming the flag.
+    pub fn check_fits(&self, name: &str, need: &Footprint) -> Result<(), String> {
+        match self.exceeded(need).first() {
+            None => Ok(()),
+            Some(None) => Err(format!(
                 "model '{name}' needs {} but the whole --model-memory-budget is {}",
-                human(bytes),
-                human(budget)
+                human(need.host),
+                human(self.budget.bytes.unwrap_or(0))
             )),
-            _ => Ok(()),
+            Some(Some(device)) => Err(format!(
+                "model '{name}' needs {} on GPU {device} but --model-load-gpu-limit allows {} there",
+                human(need.devices[device]),
+                human(self.budget.gpu[device])
+            )),
         }
     }
 
-    /// Whether `bytes` for `name` fit beside the other resident models
-    /// without evicting any (modelmesh mode, where ModelMesh evicts).
+    /// Whether `need` for `name` fits beside the other resident models
+    /// without evicting any (modelmesh mode, where ModelMesh evicts; the
+    /// GPU budget where the operator decides what loads).
     ///
     /// # Errors
-    /// A message with the size and the room left.
-    pub fn check_free(&self, name: &str, bytes: u64) -> Result<(), String> {
-        let Some(budget) = self.budget.bytes else { return Ok(()) };
-        let mut state = self.state.lock().expect("residency lock");
-        let others: u64 = state.lru().iter().filter(|(n, _)| n.as_str() != name).map(|(_, r)| r.bytes).sum();
-        if others + bytes <= budget {
-            return Ok(());
+    /// A message with the size and the room left, naming the flag.
+    pub fn check_free(&self, name: &str, need: &Footprint) -> Result<(), String> {
+        let total = self.others_with(name, need);
+        match self.exceeded(&total).first() {
+            None => Ok(()),
+            Some(None) => {
+                let budget = self.budget.bytes.unwrap_or(0);
+                Err(format!(
+                    "model '{name}' needs {} but only {} of the {} --model-memory-budget is free",
+                    human(need.host),
+                    human(budget.saturating_sub(total.host - need.host)),
+                    human(budget)
+                ))
+            }
+            Some(Some(device)) => {
+                let (limit, wanted) = (self.budget.gpu[device], need.devices[device]);
+                Err(format!(
+                    "model '{name}' needs {} on GPU {device} but only {} of the {} --model-load-gpu-limit there is free",
+                    human(wanted),
+                    human(limit.saturating_sub(total.devices[device] - wanted)),
+                    human(limit)
+                ))
+            }
         }
-        Err(format!(
-            "model '{name}' needs {} but only {} of the {} --model-memory-budget is free",
-            human(bytes),
-            human(budget.saturating_sub(others)),
-            human(budget)
-        ))
     }
 
     /// The models to evict, least recently used first, so that `incoming`
-    /// (not resident, or resident already) with `bytes` fits both budgets.
+    /// (not resident, or resident already) with `need` fits every budget.
     /// Pinned models are never chosen; `busy` ones only once no idle one is
-    /// left. May fall short when only pinned models remain.
-    pub fn victims(&self, incoming: &str, bytes: u64, busy: impl Fn(&str) -> bool) -> Vec<String> {
-        let mut state = self.state.lock().expect("residency lock");
-        let lru = state.lru();
-        let others: Vec<(String, Resident)> =
-            lru.iter().rev().filter(|(n, _)| n.as_str() != incoming).map(|(n, r)| (n.clone(), *r)).collect();
-        let mut used: u64 = others.iter().map(|(_, r)| r.bytes).sum::<u64>() + bytes;
-        let mut count = others.len() + 1;
-        let over = |used: u64, count: usize| {
-            self.budget.bytes.is_some_and(|b| used > b) || self.budget.models.is_some_and(|m| count > m)
+    /// left; a model is chosen only if it frees memory that an exceeded
+    /// budget counts (a GPU's budget evicts models on that GPU). May fall
+    /// short when only pinned models remain.
+    pub fn victims(&self, incoming: &str, need: &Footprint, busy: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut total = self.others_with(incoming, need);
+        let others: Vec<(String, Resident)> = {
+            let mut state = self.state.lock().expect("residency lock");
+            state
+                .lru()
+                .iter()
+                .rev()
+                .filter(|(n, _)| n.as_str() != incoming)
+                .map(|(n, r)| (n.clone(), r.clone()))
+                .collect()
         };
+        let mut count = others.len() + 1;
+        let over_count = |count: usize| self.budget.models.is_some_and(|m| count > m);
         let (idle, busy): (Vec<_>, Vec<_>) =
             others.into_iter().filter(|(_, r)| !r.pinned).partition(|(n, _)| !busy(n.as_str()));
         let mut chosen = Vec::new();
         for (name, resident) in idle.into_iter().chain(busy) {
-            if !over(used, count) {
+            let exceeded = self.exceeded(&total);
+            if exceeded.is_empty() && !over_count(count) {
                 break;
             }
-            used -= resident.bytes;
+            let frees = |budget: &Option<u32>| match budget {
+                None => resident.footprint.host > 0,
+                Some(device) => resident.footprint.devices.get(device).is_some_and(|&b| b > 0),
+            };
+            if !over_count(count) && !exceeded.iter().any(frees) {
+                continue;
+            }
+            total.subtract(&resident.footprint);
             count -= 1;
             chosen.push(name);
         }
@@ -187,11 +292,11 @@ impl Residency {
     /// Records `name` as resident with its accounted footprint, most recently
     /// used; pinned if `pinned` (its configuration says so) or it was
     /// pinned with [`Residency::pin`].
-    pub fn admit(&self, name: &str, bytes: u64, pinned: bool) {
+    pub fn admit(&self, name: &str, footprint: Footprint, pinned: bool) {
         let mut state = self.state.lock().expect("residency lock");
         let pinned = pinned || state.pinned.contains(name);
-        state.footprints.insert(name.to_owned(), bytes);
-        state.lru().put(name.to_owned(), Resident { bytes, pinned });
+        state.footprints.insert(name.to_owned(), footprint.clone());
+        state.lru().put(name.to_owned(), Resident { footprint, pinned });
     }
 
     /// Records that `name` left memory.
@@ -235,52 +340,61 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn manager(bytes: u64) -> Residency {
-        Residency::new(Budget { bytes: Some(bytes), models: None }, Admission::EvictLeastRecentlyUsed)
+        Residency::new(Budget { bytes: Some(bytes), ..Budget::default() }, Admission::EvictLeastRecentlyUsed)
     }
 
     #[test]
     fn the_least_recently_used_model_leaves_first() {
         let r = manager(25 * MIB);
-        r.admit("a", 10 * MIB, false);
-        r.admit("b", 10 * MIB, false);
+        r.admit("a", Footprint::host(10 * MIB), false);
+        r.admit("b", Footprint::host(10 * MIB), false);
         r.touch("a");
-        assert_eq!(r.victims("c", 10 * MIB, |_| false), ["b"]);
-        assert_eq!(r.victims("c", 4 * MIB, |_| false), Vec::<String>::new(), "it fits without evicting");
-        assert_eq!(r.victims("c", 20 * MIB, |_| false), ["b", "a"]);
+        assert_eq!(r.victims("c", &Footprint::host(10 * MIB), |_| false), ["b"]);
+        assert_eq!(
+            r.victims("c", &Footprint::host(4 * MIB), |_| false),
+            Vec::<String>::new(),
+            "it fits without evicting"
+        );
+        assert_eq!(r.victims("c", &Footprint::host(20 * MIB), |_| false), ["b", "a"]);
     }
 
     #[test]
     fn pinned_models_stay_and_busy_ones_go_last() {
         let r = manager(25 * MIB);
-        r.admit("pinned", 10 * MIB, true);
-        r.admit("busy", 5 * MIB, false);
-        r.admit("idle", 5 * MIB, false);
+        r.admit("pinned", Footprint::host(10 * MIB), true);
+        r.admit("busy", Footprint::host(5 * MIB), false);
+        r.admit("idle", Footprint::host(5 * MIB), false);
         r.touch("busy");
-        assert_eq!(r.victims("new", 10 * MIB, |n| n == "busy"), ["idle"]);
-        assert_eq!(r.victims("new", 15 * MIB, |n| n == "busy"), ["idle", "busy"]);
-        assert_eq!(r.victims("new", 20 * MIB, |_| false), ["idle", "busy"], "never the pinned one");
+        assert_eq!(r.victims("new", &Footprint::host(10 * MIB), |n| n == "busy"), ["idle"]);
+        assert_eq!(r.victims("new", &Footprint::host(15 * MIB), |n| n == "busy"), ["idle", "busy"]);
+        assert_eq!(r.victims("new", &Footprint::host(20 * MIB), |_| false), ["idle", "busy"], "never the pinned one");
     }
 
     #[test]
     fn a_model_larger_than_the_budget_is_refused_and_the_count_limit_holds() {
         let r = manager(25 * MIB);
-        assert!(r.check_fits("big", 30 * MIB).unwrap_err().contains("30.0 MiB"));
-        let counted = Residency::new(Budget { bytes: None, models: Some(2) }, Admission::EvictLeastRecentlyUsed);
-        counted.admit("a", 1, false);
-        counted.admit("b", 1, false);
-        assert_eq!(counted.victims("c", 1, |_| false), ["a"]);
-        assert_eq!(counted.victims("b", 1, |_| false), Vec::<String>::new(), "a resident model needs no room");
+        assert!(r.check_fits("big", &Footprint::host(30 * MIB)).unwrap_err().contains("30.0 MiB"));
+        let counted =
+            Residency::new(Budget { models: Some(2), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
+        counted.admit("a", Footprint::host(1), false);
+        counted.admit("b", Footprint::host(1), false);
+        assert_eq!(counted.victims("c", &Footprint::host(1), |_| false), ["a"]);
+        assert_eq!(
+            counted.victims("b", &Footprint::host(1), |_| false),
+            Vec::<String>::new(),
+            "a resident model needs no room"
+        );
     }
 
     #[test]
     fn check_free_counts_the_others_and_evicts_nothing() {
         let r = manager(25 * MIB);
-        r.admit("a", 10 * MIB, false);
-        r.admit("b", 10 * MIB, false);
-        assert!(r.check_free("c", 5 * MIB).is_ok());
-        assert!(r.check_free("c", 6 * MIB).unwrap_err().contains("only 5.0 MiB of the 25.0 MiB"));
-        assert!(r.check_free("b", 15 * MIB).is_ok(), "its own bytes are not counted twice");
-        assert_eq!(r.used(), 20 * MIB);
+        r.admit("a", Footprint::host(10 * MIB), false);
+        r.admit("b", Footprint::host(10 * MIB), false);
+        assert!(r.check_free("c", &Footprint::host(5 * MIB)).is_ok());
+        assert!(r.check_free("c", &Footprint::host(6 * MIB)).unwrap_err().contains("only 5.0 MiB of the 25.0 MiB"));
+        assert!(r.check_free("b", &Footprint::host(15 * MIB)).is_ok(), "its own bytes are not counted twice");
+        assert_eq!(r.used().host, 20 * MIB);
         assert!(memory_limit() > 0);
     }
 
@@ -288,24 +402,62 @@ mod tests {
     fn pinned_names_are_never_victims_and_refusing_budgets_evict_nothing() {
         let r = manager(25 * MIB);
         r.pin("kept");
-        r.admit("kept", 10 * MIB, false);
-        r.admit("other", 10 * MIB, false);
+        r.admit("kept", Footprint::host(10 * MIB), false);
+        r.admit("other", Footprint::host(10 * MIB), false);
         assert!(r.is_pinned("kept") && !r.is_pinned("other"));
-        assert_eq!(r.make_room("new", 15 * MIB, |_| false).unwrap(), ["other"]);
-        assert!(r.make_room("new", 30 * MIB, |_| false).unwrap_err().contains("whole --model-memory-budget"));
+        assert_eq!(r.make_room("new", &Footprint::host(15 * MIB), |_| false).unwrap(), ["other"]);
+        assert!(
+            r.make_room("new", &Footprint::host(30 * MIB), |_| false)
+                .unwrap_err()
+                .contains("whole --model-memory-budget")
+        );
 
-        let mesh = Residency::new(Budget { bytes: Some(25 * MIB), models: None }, Admission::RefuseWhenFull);
-        mesh.admit("a", 10 * MIB, false);
-        assert_eq!(mesh.make_room("b", 15 * MIB, |_| false).unwrap(), Vec::<String>::new());
-        assert!(mesh.make_room("b", 16 * MIB, |_| false).unwrap_err().contains("only 15.0 MiB"));
+        let mesh = Residency::new(Budget { bytes: Some(25 * MIB), ..Budget::default() }, Admission::RefuseWhenFull);
+        mesh.admit("a", Footprint::host(10 * MIB), false);
+        assert_eq!(mesh.make_room("b", &Footprint::host(15 * MIB), |_| false).unwrap(), Vec::<String>::new());
+        assert!(mesh.make_room("b", &Footprint::host(16 * MIB), |_| false).unwrap_err().contains("only 15.0 MiB"));
     }
 
     #[test]
     fn footprints_are_remembered_after_eviction() {
         let r = manager(25 * MIB);
-        r.admit("a", 7 * MIB, false);
+        r.admit("a", Footprint::host(7 * MIB), false);
         r.remove("a");
-        assert_eq!(r.known_footprint("a"), Some(7 * MIB));
-        assert_eq!(r.used(), 0);
+        assert_eq!(r.known_footprint("a"), Some(Footprint::host(7 * MIB)));
+        assert_eq!(r.used(), Footprint::default());
+    }
+
+    fn on_gpus(host: u64, devices: &[(u32, u64)]) -> Footprint {
+        Footprint { host, devices: devices.iter().copied().collect() }
+    }
+
+    #[test]
+    fn a_gpu_budget_evicts_only_models_on_that_gpu() {
+        let budget = Budget { gpu: [(0, 10 * MIB), (1, 10 * MIB)].into(), ..Budget::default() };
+        let r = Residency::new(budget, Admission::EvictLeastRecentlyUsed);
+        r.admit("cpu", on_gpus(50 * MIB, &[]), false);
+        r.admit("gpu0", on_gpus(MIB, &[(0, 6 * MIB)]), false);
+        r.admit("gpu1", on_gpus(MIB, &[(1, 6 * MIB)]), false);
+        r.touch("cpu");
+        r.touch("gpu1");
+        // Least recently used first is gpu0, then cpu, then gpu1: only the
+        // one on GPU 1 makes room there.
+        assert_eq!(r.victims("new", &on_gpus(MIB, &[(1, 6 * MIB)]), |_| false), ["gpu1"]);
+        assert_eq!(r.victims("new", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false), Vec::<String>::new());
+        assert_eq!(r.victims("new", &on_gpus(MIB, &[(0, 5 * MIB), (1, 5 * MIB)]), |_| false), ["gpu0", "gpu1"]);
+        let too_big = r.check_fits("new", &on_gpus(MIB, &[(1, 11 * MIB)])).unwrap_err();
+        assert!(too_big.contains("11.0 MiB on GPU 1 but --model-load-gpu-limit allows 10.0 MiB"), "{too_big}");
+        assert_eq!(r.used(), on_gpus(52 * MIB, &[(0, 6 * MIB), (1, 6 * MIB)]));
+    }
+
+    #[test]
+    fn a_refusing_gpu_budget_names_the_room_left() {
+        let budget = Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() };
+        let r = Residency::new(budget, Admission::RefuseWhenFull);
+        r.admit("a", on_gpus(MIB, &[(0, 6 * MIB)]), false);
+        assert_eq!(r.make_room("b", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false).unwrap(), Vec::<String>::new());
+        let refused = r.make_room("b", &on_gpus(MIB, &[(0, 5 * MIB)]), |_| false).unwrap_err();
+        assert!(refused.contains("only 4.0 MiB of the 10.0 MiB --model-load-gpu-limit"), "{refused}");
+        assert!(r.check_free("a", &on_gpus(MIB, &[(0, 10 * MIB)])).is_ok(), "its own bytes are not counted twice");
     }
 }

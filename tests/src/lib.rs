@@ -217,10 +217,15 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// The whole text of `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        client().get(format!("{}/metrics", self.metrics_base)).send().unwrap().text().unwrap()
+    }
+
     /// The value of the Prometheus sample `series` (e.g.
     /// `plinth_model_loads_total{model="a"}`); 0 when absent.
     pub fn metric(&self, series: &str) -> f64 {
-        let text = client().get(format!("{}/metrics", self.metrics_base)).send().unwrap().text().unwrap();
+        let text = self.metrics_text();
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
             .map_or(0.0, |v| v.trim().parse().unwrap())

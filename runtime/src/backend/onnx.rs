@@ -1,26 +1,42 @@
 //! ONNX Runtime through `ort`, with the library loaded at start from
-//! `ORT_DYLIB_PATH` (the `onnxruntime==1.31.1` wheel's `libonnxruntime.so`).
+//! `ORT_DYLIB_PATH`: the `onnxruntime==1.31.1` wheel's `libonnxruntime.so`
+//! for the CPU, or the `onnxruntime-gpu==1.31.1` wheel's, which also runs
+//! sessions on CUDA devices through its CUDA execution provider
+//! (`libonnxruntime_providers_cuda.so` beside it, CUDA 13 and cuDNN 9 on
+//! the library path; `make setup-gpu` places them).
 
-use std::path::Path;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use ort::AsPointer;
 use ort::environment::Environment;
+use ort::ep::{ArenaExtendStrategy, CUDA};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
-use super::{Backend, BackendError, BackendKind, ModelIo};
+use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// How to get the ONNX Runtime library, for error messages.
 pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. .venv/libonnxruntime.so \
     (`make setup` installs it), or run the bundle of `make dist`";
 
+/// The CUDA execution provider's library, which the GPU build of ONNX
+/// Runtime loads from its own folder.
+pub const CUDA_PROVIDER_LIBRARY: &str = "libonnxruntime_providers_cuda.so";
+
+/// What `make setup-gpu` does, for error messages.
+const GPU_HINT: &str = "`make setup-gpu` installs onnxruntime-gpu==1.31.1 and its CUDA 13 libraries, \
+    and `make serve GPU=1` serves with them";
+
 /// The loaded ONNX Runtime library; creates sessions.
 pub struct OnnxRuntime {
     env: Environment,
+    /// Whether sessions can run on CUDA devices, or why not.
+    cuda: Result<(), String>,
 }
 
 /// Per-model session options, from `config.pbtxt` `parameters` (the names
@@ -67,20 +83,56 @@ impl OnnxRuntime {
             .map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
         // Failures reach the client and the log through Plinth's own errors.
         env.set_log_level(ort::logging::LogLevel::Fatal);
-        Ok(OnnxRuntime { env })
+        let cuda = cuda_provider(path);
+        match &cuda {
+            Ok(()) => tracing::info!(library = %path.display(), "ONNX Runtime's CUDA execution provider can start"),
+            Err(why) => tracing::debug!(%why, "ONNX Runtime sessions run on the CPU only"),
+        }
+        Ok(OnnxRuntime { env, cuda })
     }
 
-    /// Builds a session for the model file at `path`.
+    /// Whether sessions can run on CUDA devices.
     ///
     /// # Errors
-    /// ONNX Runtime's message when the file is missing or not a valid model.
-    pub fn load(&self, path: &Path, options: SessionOptions) -> Result<OnnxModel, String> {
+    /// Why not, naming the file that is missing: the CPU build's library
+    /// (no CUDA execution provider), a missing
+    /// [`CUDA_PROVIDER_LIBRARY`], or a CUDA library it needs
+    /// (`libcublasLt.so.13`, `libcuda.so.1`: no driver).
+    pub fn cuda(&self) -> Result<(), &str> {
+        self.cuda.as_ref().map(|_| ()).map_err(String::as_str)
+    }
+
+    /// Builds a session for the model file at `path`, running on
+    /// `placement`'s device. A session on a GPU runs through the CUDA
+    /// execution provider with its own memory arena, grown by what each
+    /// allocation asks (ONNX Runtime's `kSameAsRequested`, so a session
+    /// holds no more device memory than its largest run needed), and
+    /// binds its inputs and outputs to host memory (IO binding): each
+    /// input is copied to the device once and each output back once.
+    ///
+    /// # Errors
+    /// ONNX Runtime's message when the file is missing or not a valid model;
+    /// for a GPU placement, [`OnnxRuntime::cuda`]'s reason or the CUDA
+    /// execution provider's own (no such device, out of memory).
+    pub fn load(&self, path: &Path, options: SessionOptions, placement: Placement) -> Result<OnnxModel, String> {
         if !path.is_file() {
             return Err(format!("model file {} does not exist", path.display()));
         }
         let fail = |e: ort::Error<_>| format!("ONNX Runtime cannot load {}: {e}", path.display());
-        let session = Session::builder(&self.env)
-            .map_err(|e| format!("cannot create an ONNX Runtime session: {e}"))?
+        let mut builder =
+            Session::builder(&self.env).map_err(|e| format!("cannot create an ONNX Runtime session: {e}"))?;
+        if let Placement::Gpu(device) = placement {
+            self.cuda().map_err(|why| format!("cannot run on GPU {device}: {why}"))?;
+            let cuda = CUDA::default()
+                .with_device_id(i32::try_from(device).map_err(|_| format!("GPU {device} does not exist"))?)
+                .with_arena_extend_strategy(ArenaExtendStrategy::SameAsRequested)
+                .build()
+                .error_on_failure();
+            builder = builder
+                .with_execution_providers([cuda])
+                .map_err(|e| format!("ONNX Runtime's CUDA execution provider cannot start on GPU {device}: {e}"))?;
+        }
+        let session = builder
             .with_optimization_level(optimization_level(options.graph_level))
             .map_err(fail)?
             .with_intra_threads(options.intra_op_threads)
@@ -96,8 +148,60 @@ impl OnnxRuntime {
         let outputs = io(session.outputs());
         let metadata = read_metadata(&session)?;
         let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata, file_bytes })
+        let io_binding = matches!(placement, Placement::Gpu(_));
+        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata, file_bytes, io_binding })
     }
+}
+
+/// Whether the library at `library` can run sessions on CUDA devices: it
+/// lists the CUDA execution provider (the GPU build does), the provider's
+/// library is beside it, and that library and the CUDA libraries it needs
+/// load. Loading them here names a missing file at start, where ONNX
+/// Runtime would say only that the provider failed at a model's load.
+fn cuda_provider(library: &Path) -> Result<(), String> {
+    use ort::ep::ExecutionProvider;
+    let listed = CUDA::is_available().map_err(|e| format!("ONNX Runtime cannot list its execution providers: {e}"))?;
+    let folder = std::fs::canonicalize(library).ok().and_then(|p| p.parent().map(Path::to_path_buf));
+    let folder = folder.unwrap_or_else(|| PathBuf::from("."));
+    let provider = folder.join(CUDA_PROVIDER_LIBRARY);
+    if !listed || !provider.is_file() {
+        return Err(format!(
+            "the ONNX Runtime library {} is a CPU-only build: it has no CUDAExecutionProvider ({} is not in {}); {GPU_HINT}",
+            library.display(),
+            CUDA_PROVIDER_LIBRARY,
+            folder.display()
+        ));
+    }
+    // ONNX Runtime loads the shared provider library globally before a
+    // provider; the provider's own symbols resolve when it is used.
+    open_library(&folder.join("libonnxruntime_providers_shared.so"), libc::RTLD_NOW | libc::RTLD_GLOBAL)?;
+    open_library(&provider, libc::RTLD_LAZY | libc::RTLD_LOCAL).map_err(|e| {
+        format!("{e}; the CUDA 13 runtime, cuBLAS, cuRAND and the driver's libcuda.so.1 must be on LD_LIBRARY_PATH ({GPU_HINT})")
+    })
+}
+
+/// `dlopen`s `path` and keeps it loaded.
+///
+/// # Errors
+/// The dynamic loader's message, which names the missing library.
+fn open_library(path: &Path, flags: libc::c_int) -> Result<(), String> {
+    let name =
+        CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("{}: bad path", path.display()))?;
+    // SAFETY: a NUL-terminated path; the handle is kept for the process's
+    // life (ONNX Runtime opens the same library again and shares it).
+    let handle = unsafe { libc::dlopen(name.as_ptr(), flags) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns the last error as a C string, or null.
+        let error = unsafe { libc::dlerror() };
+        let message = if error.is_null() {
+            "unknown error".to_owned()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid until the next dl call.
+            unsafe { std::ffi::CStr::from_ptr(error) }.to_string_lossy().into_owned()
+        };
+        return Err(format!("cannot load {}: {message}", path.display()));
+    }
+    Ok(())
 }
 
 /// One ONNX Runtime session. Runs are serialised on it.
@@ -108,6 +212,8 @@ pub struct OnnxModel {
     metadata: Vec<(String, String)>,
     /// The size of the model file, in bytes.
     file_bytes: u64,
+    /// Runs bind inputs and outputs to host memory (sessions on a GPU).
+    io_binding: bool,
 }
 
 impl Backend for OnnxModel {
@@ -157,13 +263,35 @@ impl Backend for OnnxModel {
             .map_err(BackendError::InvalidInput)?;
         let mut session =
             self.session.lock().map_err(|_| BackendError::Failed("the ONNX Runtime session was poisoned".into()))?;
-        let mut outputs = session.run(values).map_err(|e| {
-            let message = format!("ONNX Runtime cannot run these inputs: {e}");
-            match e.code() {
-                ort::error::ErrorCode::InvalidArgument => BackendError::InvalidInput(message),
-                _ => BackendError::Failed(message),
-            }
-        })?;
+        if self.io_binding {
+            return self.run_bound(&mut session, values);
+        }
+        let outputs = session.run(values).map_err(run_error)?;
+        self.collect(outputs)
+    }
+}
+
+impl OnnxModel {
+    /// Runs with inputs and outputs bound to host memory: ONNX Runtime
+    /// copies each input to the session's device once and writes each
+    /// output straight into host memory.
+    fn run_bound(&self, session: &mut Session, values: Vec<(String, DynValue)>) -> Result<Vec<Tensor>, BackendError> {
+        let failed = |e: ort::Error| BackendError::Failed(format!("ONNX Runtime cannot bind the tensors: {e}"));
+        let mut binding = session.create_binding().map_err(failed)?;
+        for (name, value) in &values {
+            binding.bind_input(name.as_str(), value).map_err(failed)?;
+        }
+        let host =
+            MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::CPUOutput).map_err(failed)?;
+        for output in &self.outputs {
+            binding.bind_output_to_device(output.name.as_str(), &host).map_err(failed)?;
+        }
+        let outputs = session.run_binding(&binding).map_err(run_error)?;
+        self.collect(outputs)
+    }
+
+    /// The declared outputs, in order, copied out of a run's values.
+    fn collect(&self, mut outputs: ort::session::SessionOutputs<'_>) -> Result<Vec<Tensor>, BackendError> {
         self.outputs
             .iter()
             .map(|o| {
@@ -173,6 +301,16 @@ impl Backend for OnnxModel {
             })
             .collect::<Result<_, String>>()
             .map_err(BackendError::Failed)
+    }
+}
+
+/// A run's failure: the inputs' fault when ONNX Runtime calls the argument
+/// invalid, else the server's.
+fn run_error(e: ort::Error) -> BackendError {
+    let message = format!("ONNX Runtime cannot run these inputs: {e}");
+    match e.code() {
+        ort::error::ErrorCode::InvalidArgument => BackendError::InvalidInput(message),
+        _ => BackendError::Failed(message),
     }
 }
 
@@ -337,4 +475,37 @@ fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
         }
     };
     Ok(Tensor { name: name.to_owned(), datatype, shape, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example repository's direction classifier (`make setup` places it).
+    fn classifier() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../model_repository/ocr_cls/1/model.onnx")
+    }
+
+    #[test]
+    fn bound_runs_answer_as_plain_runs_and_gpus_need_the_cuda_provider() {
+        let library = std::env::var_os("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (`make test` sets it)");
+        let ort = OnnxRuntime::init(Path::new(&library)).unwrap();
+        let plain = ort.load(&classifier(), SessionOptions::default(), Placement::Cpu).unwrap();
+        let mut bound = ort.load(&classifier(), SessionOptions::default(), Placement::Cpu).unwrap();
+        bound.io_binding = true;
+        let data: Vec<u8> = (0..2 * 3 * 48 * 192).flat_map(|i| ((i % 97) as f32 / 48.0 - 1.0).to_le_bytes()).collect();
+        let input = Tensor { name: "x".into(), datatype: DataType::Fp32, shape: vec![2, 3, 48, 192], data };
+        let expected = plain.execute(vec![input.clone()]).unwrap();
+        assert_eq!(expected[0].shape, [2, 2]);
+        assert_eq!(bound.execute(vec![input]).unwrap(), expected);
+
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            return; // bench/gpu.sh checks sessions on a GPU
+        }
+        let why = ort.cuda().unwrap_err().to_owned();
+        let named = [CUDA_PROVIDER_LIBRARY, "libcuda.so.1", "libcublasLt.so.13"].iter().any(|l| why.contains(l));
+        assert!(named, "the missing library is named: {why}");
+        let refused = ort.load(&classifier(), SessionOptions::default(), Placement::Gpu(0)).err().unwrap();
+        assert!(refused.starts_with("cannot run on GPU 0: ") && refused.ends_with(&why), "{refused}");
+    }
 }

@@ -18,10 +18,42 @@ use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
-use crate::residency::{self, Residency};
+use crate::residency::{self, Footprint, Residency};
 
 /// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
 pub const PINNED_PARAMETER: &str = "pinned";
+
+/// The `config.pbtxt` parameter that says what a new version does when it
+/// does not fit on its GPU beside the version serving: `gpu_swap_policy`,
+/// [`SwapPolicy`]'s values.
+pub const GPU_SWAP_PARAMETER: &str = "gpu_swap_policy";
+
+/// What a hot swap does on a GPU without room for both versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwapPolicy {
+    /// `refuse` (the default): the swap fails with a message, and the
+    /// version serving keeps serving.
+    Refuse,
+    /// `unload_first`: the versions serving are unloaded first; requests
+    /// get 503 until the new version is READY.
+    UnloadFirst,
+}
+
+impl SwapPolicy {
+    /// The policy `config` names.
+    ///
+    /// # Errors
+    /// A message naming the parameter for a value that is neither.
+    pub fn of(config: &ModelConfig) -> Result<SwapPolicy, String> {
+        match config::parameter(config, GPU_SWAP_PARAMETER).map(str::trim) {
+            None | Some("refuse") => Ok(SwapPolicy::Refuse),
+            Some("unload_first") => Ok(SwapPolicy::UnloadFirst),
+            Some(other) => {
+                Err(format!("parameter '{GPU_SWAP_PARAMETER}' must be \"refuse\" or \"unload_first\", got '{other}'"))
+            }
+        }
+    }
+}
 
 /// Why an evicted model is not serving.
 const EVICTED: &str = "evicted to stay within the memory budget; the next request loads it again";
@@ -41,17 +73,21 @@ pub(super) struct ModelRecord {
     pub(super) attempted: Option<(ModelFiles, Option<String>)>,
     /// Why that attempt failed, if it did.
     pub(super) failure: Option<LoadError>,
-    /// Each READY version's origin and accounted footprint in bytes.
-    loaded: BTreeMap<u64, (LoadKey, u64)>,
+    /// Each READY version's origin and accounted footprint.
+    loaded: BTreeMap<u64, (LoadKey, Footprint)>,
     /// The folder the last load's `file:` parameters made, kept while a
     /// version loaded from it may serve.
     staged: Option<tempfile::TempDir>,
 }
 
 impl ModelRecord {
-    /// The accounted footprint of the model's READY versions, in bytes.
-    pub(super) fn footprint(&self) -> u64 {
-        self.loaded.values().map(|(_, bytes)| bytes).sum()
+    /// The accounted footprint of the model's READY versions.
+    pub(super) fn footprint(&self) -> Footprint {
+        let mut total = Footprint::default();
+        for (_, footprint) in self.loaded.values() {
+            total.add(footprint);
+        }
+        total
     }
 }
 
@@ -139,7 +175,7 @@ impl Core {
         // Only the caller holds it besides the map: nothing waits on it.
         if Arc::strong_count(record) == 2 {
             records.remove(name);
-            self.metrics.residency.forget(name);
+            self.metrics.residency.forget(name, self.gpus_of(name));
         }
     }
 
@@ -222,6 +258,8 @@ impl Core {
         let name = &dir.name;
         let config = model_config(dir, config_json, options.rename)
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
+        // Checked on every model, not only when a swap needs it.
+        SwapPolicy::of(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
         let mut step_labels = StepLabels::new();
         if let Some(ensemble) = Ensemble::from_config(&config) {
             let signature = Signature::from_config(&config).map_err(LoadError::Failed);
@@ -241,7 +279,7 @@ impl Core {
                 format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
-        let changed: Vec<(u64, LoadKey)> = targets
+        let mut changed: Vec<(u64, LoadKey)> = targets
             .iter()
             .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
             .filter(|(v, key)| {
@@ -260,20 +298,29 @@ impl Core {
         // by at most its size meanwhile), so that a model too large for the
         // whole budget never evicts anything.
         let room = match self.residency.known_footprint(name) {
-            Some(known) => self.make_room(name, known),
-            None => self.residency.check_fits(name, changed.iter().map(|(v, _)| files.versions[v].bytes()).sum()),
+            Some(known) => self.make_room(name, &known),
+            None => self
+                .residency
+                .check_fits(name, &Footprint::host(changed.iter().map(|(v, _)| files.versions[v].bytes()).sum())),
         };
-        if let Err(reason) = room {
+        let unloaded = room.and_then(|()| self.room_to_swap(name, &config, record)).map_err(|reason| {
             self.registry.fail_model(name, &reason);
-            return Err(LoadError::NoRoom(reason));
+            LoadError::NoRoom(reason)
+        })?;
+        if unloaded {
+            // Every target loads again, the unchanged ones too.
+            changed = targets
+                .iter()
+                .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
+                .collect();
         }
         let mut failures = Vec::new();
         for (version, key) in changed {
             self.registry.set_loading(name, version);
             match self.load_version(dir, version, &config, &step_labels).await {
-                Ok((model, bytes)) => {
-                    self.registry.set_ready(name, version, model, bytes);
-                    record.loaded.insert(version, (key, bytes));
+                Ok((model, footprint)) => {
+                    self.registry.set_ready(name, version, model, footprint.host);
+                    record.loaded.insert(version, (key, footprint));
                 }
                 Err(e) => {
                     tracing::error!(model = %name, version, "load failed: {e}");
@@ -289,6 +336,59 @@ impl Core {
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
     }
 
+    /// Whether a new version of `name` fits on its GPUs beside the versions
+    /// serving (a hot swap keeps them until the new one is READY), counting
+    /// it as large as they are together: within `--model-load-gpu-limit`
+    /// and within the memory NVML says is free on the device. Where it does
+    /// not, [`SwapPolicy`] decides: refused, or the versions serving are
+    /// unloaded first. Loading anyway could run the device out of memory
+    /// in the middle of the swap.
+    ///
+    /// Returns whether it unloaded them.
+    ///
+    /// # Errors
+    /// Under [`SwapPolicy::Refuse`], a message naming the GPU, both sizes
+    /// and the parameter that allows unloading first; a bad policy value.
+    fn room_to_swap(&self, name: &str, config: &ModelConfig, record: &mut ModelRecord) -> Result<bool, String> {
+        let serving = record.footprint();
+        if serving.devices.values().all(|&b| b == 0) {
+            return Ok(false);
+        }
+        let policy = SwapPolicy::of(config)?;
+        // Device memory only: the host budget is settled after the load.
+        let both = Footprint { host: 0, devices: serving.devices.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
+        let budget = self.residency.check_free(name, &both).err();
+        let device = serving.devices.iter().find_map(|(&gpu, &bytes)| {
+            let free = self.loader.gpu_free_bytes(gpu)?;
+            (bytes > free).then(|| {
+                format!(
+                    "GPU {gpu} has {} free, and the new version needs about {} there",
+                    residency::human(free),
+                    residency::human(bytes)
+                )
+            })
+        });
+        let Some(reason) = budget.or(device) else { return Ok(false) };
+        match policy {
+            SwapPolicy::Refuse => Err(format!(
+                "model '{name}': a new version does not fit beside the one serving ({serving}): {reason}; the \
+                 version serving keeps serving (parameter '{GPU_SWAP_PARAMETER}: unload_first' unloads it first, \
+                 at the cost of 503s until the new one is READY)"
+            )),
+            SwapPolicy::UnloadFirst => {
+                tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap ({GPU_SWAP_PARAMETER})");
+                self.take_out(name, "unloaded to make room on its GPU for a new version");
+                record.loaded.clear();
+                Ok(true)
+            }
+        }
+    }
+
+    /// The GPUs `name` held memory on when last loaded.
+    fn gpus_of(&self, name: &str) -> Vec<u32> {
+        self.residency.known_footprint(name).map_or_else(Vec::new, |f| f.devices.keys().copied().collect())
+    }
+
     /// Records a failure of the whole model in the registry and the log.
     fn cannot_load(&self, name: &str, e: LoadError) -> LoadError {
         self.registry.fail_model(name, e.message());
@@ -298,14 +398,14 @@ impl Core {
 
     /// Loads one version off the async executor, at most
     /// `--model-load-concurrency` at a time; returns the model, given the
-    /// labels its ensemble steps write, and its accounted footprint in bytes.
+    /// labels its ensemble steps write, and its accounted footprint.
     async fn load_version(
         &self,
         dir: &ModelDir,
         version: u64,
         config: &ModelConfig,
         step_labels: &StepLabels,
-    ) -> Result<(Arc<Model>, u64), LoadError> {
+    ) -> Result<(Arc<Model>, Footprint), LoadError> {
         let _permit = self
             .load_permits
             .acquire()
@@ -327,9 +427,9 @@ impl Core {
         }
         // Counted by the model's runtimes, after every warm-up: the same for
         // identical copies whatever the other models are doing.
-        let bytes = model.resident_bytes().max(least);
-        tracing::info!(model = %model.name, version, bytes, "load: footprint");
-        Ok((model, bytes))
+        let footprint = Footprint { host: model.resident_bytes().max(least), devices: model.device_bytes().clone() };
+        tracing::info!(model = %model.name, version, bytes = footprint.host, devices = ?footprint.devices, "load: footprint");
+        Ok((model, footprint))
     }
 
     /// Unloads every version of `name`. Requests already accepted finish;
@@ -348,18 +448,18 @@ impl Core {
         // Its versions' series left with them; its loads count goes too
         // (an evicted model keeps its loads and evictions counts instead:
         // it serves again at its next request).
-        self.metrics.residency.forget(name);
+        self.metrics.residency.forget(name, self.gpus_of(name));
         tracing::info!(model = %name, "unloaded");
         Ok(())
     }
 
-    /// Makes room for `need` more bytes for `name` as the residency's
-    /// admission says: evicting least recently used models, or refusing.
+    /// Makes room for `need` for `name` as the residency's admission says:
+    /// evicting least recently used models, or refusing.
     ///
     /// # Errors
-    /// A message when `need` exceeds the whole budget (nothing is evicted),
+    /// A message when `need` exceeds a whole budget (nothing is evicted),
     /// or, where nothing is evicted, the room left.
-    pub(super) fn make_room(&self, name: &str, need: u64) -> Result<(), String> {
+    pub(super) fn make_room(&self, name: &str, need: &Footprint) -> Result<(), String> {
         for victim in self.residency.make_room(name, need, |n| self.registry.is_busy(n))? {
             tracing::info!(model = %victim, "evicting: least recently used");
             self.metrics.residency.evictions.with_label_values(&[&victim]).inc();
@@ -375,18 +475,22 @@ impl Core {
     /// A message when the footprint exceeds the whole budget (or, where
     /// nothing is evicted, the room left): the model is taken out again, and
     /// later requests are refused without a load.
-    fn settle(&self, name: &str, footprint: u64, pinned_by_config: bool) -> Result<(), String> {
-        if footprint == 0 {
+    fn settle(&self, name: &str, footprint: Footprint, pinned_by_config: bool) -> Result<(), String> {
+        if footprint.is_empty() {
             self.residency.remove(name);
             return Ok(());
         }
-        self.residency.admit(name, footprint, pinned_by_config);
-        if let Err(reason) = self.make_room(name, footprint) {
+        self.residency.admit(name, footprint.clone(), pinned_by_config);
+        if let Err(reason) = self.make_room(name, &footprint) {
             self.take_out(name, &reason);
             return Err(reason);
         }
-        self.metrics.residency.resident_bytes.with_label_values(&[name]).set(footprint as i64);
-        self.metrics.residency.used_bytes.set(self.residency.used() as i64);
+        let residency = &self.metrics.residency;
+        residency.resident_bytes.with_label_values(&[name]).set(footprint.host as i64);
+        for (gpu, bytes) in &footprint.devices {
+            residency.device_bytes.with_label_values(&[name, &gpu.to_string()]).set(*bytes as i64);
+        }
+        residency.used_bytes.set(self.residency.used().host as i64);
         Ok(())
     }
 
@@ -395,8 +499,8 @@ impl Core {
     pub(super) fn take_out(&self, name: &str, reason: &str) {
         let models = self.registry.unload(name, reason);
         self.residency.remove(name);
-        let _ = self.metrics.residency.resident_bytes.remove_label_values(&[name]);
-        self.metrics.residency.used_bytes.set(self.residency.used() as i64);
+        self.metrics.residency.forget_footprint(name, self.gpus_of(name));
+        self.metrics.residency.used_bytes.set(self.residency.used().host as i64);
         drop(models);
         residency::release_freed_memory();
     }

@@ -22,6 +22,13 @@ pub trait Loader: Send + Sync {
     /// # Errors
     /// [`LoadError::Failed`] with the reason the version cannot serve.
     fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError>;
+
+    /// Device memory free on GPU `gpu` now, in bytes, for every process;
+    /// `None` when that cannot be known (no NVML, no such GPU).
+    fn gpu_free_bytes(&self, gpu: u32) -> Option<u64> {
+        let _ = gpu;
+        None
+    }
 }
 
 /// Loads with the real runtimes: ONNX Runtime, libtorch, remote servers and
@@ -76,5 +83,10 @@ impl Loader for RuntimeLoader {
         tracing::info!(model = %dir.name, version, ms = ms(), weights, "load: ready");
         self.runtimes.metrics.load_duration(&dir.name, version, started.elapsed().as_secs_f64());
         Ok((model, weights))
+    }
+
+    fn gpu_free_bytes(&self, gpu: u32) -> Option<u64> {
+        let sample = self.runtimes.gpus.sample(gpu)?;
+        Some(sample.memory_total.saturating_sub(sample.memory_used))
     }
 }

@@ -33,7 +33,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::PINNED_PARAMETER;
+pub use self::core::{GPU_SWAP_PARAMETER, PINNED_PARAMETER, SwapPolicy};
 pub use check::check_repository;
 pub use loader::{Loader, RuntimeLoader};
 pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
@@ -85,7 +85,7 @@ impl std::fmt::Display for ControlMode {
 }
 
 /// How loads are bounded (flags of `plinth serve`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LoadLimits {
     /// Loads that run at once (`--model-load-concurrency`).
     pub concurrency: usize,
@@ -122,11 +122,14 @@ impl Lifecycle {
         limits: LoadLimits,
         metrics: Arc<Metrics>,
     ) -> Lifecycle {
+        // Only on-demand mode takes models out to make room; elsewhere the
+        // operator (or ModelMesh) decides what is loaded, and a load that
+        // does not fit is refused (Triton's --model-load-gpu-limit).
         let admission = match mode {
-            ControlMode::ModelMesh => Admission::RefuseWhenFull,
-            _ => Admission::EvictLeastRecentlyUsed,
+            ControlMode::OnDemand => Admission::EvictLeastRecentlyUsed,
+            _ => Admission::RefuseWhenFull,
         };
-        let residency = Residency::new(limits.budget, admission);
+        let residency = Residency::new(limits.budget.clone(), admission);
         let core = Arc::new(Core::new(loader, registry, repositories, residency, limits, metrics));
         let mode = match mode {
             ControlMode::None => Mode::None,
@@ -160,8 +163,8 @@ impl Lifecycle {
     }
 
     /// The load limits: concurrency, timeout and memory budget.
-    pub fn limits(&self) -> LoadLimits {
-        self.core.limits
+    pub fn limits(&self) -> &LoadLimits {
+        &self.core.limits
     }
 
     /// The start-up loads: every model in `none` and `poll` mode; in

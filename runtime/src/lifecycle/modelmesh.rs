@@ -18,6 +18,7 @@ use super::core::{Core, LoadOptions, ModelRecord};
 use crate::config::CONFIG_FILE;
 use crate::error::LoadError;
 use crate::repository::{self, Fingerprint, ModelDir};
+use crate::residency::Footprint;
 
 /// Modelmesh mode's own state.
 #[derive(Default)]
@@ -268,7 +269,7 @@ impl Mesh<'_> {
         if !self.core.registry.has_ready(id) {
             return None;
         }
-        self.core.residency.known_footprint(id)
+        self.core.residency.known_footprint(id).map(|f| f.host)
     }
 }
 
@@ -291,9 +292,9 @@ async fn load_locked(
                 source.path().display()
             )));
         }
-        return Ok(record.footprint());
+        return Ok(record.footprint().host);
     }
-    core.residency.check_free(id, source.bytes()).map_err(LoadError::NoRoom)?;
+    core.residency.check_free(id, &Footprint::host(source.bytes())).map_err(LoadError::NoRoom)?;
     let placed = source.place(id).map_err(LoadError::Failed)?;
     let dir = placed.dir.clone();
     placements.lock().expect("placed lock").insert(id.to_owned(), placed);
@@ -306,7 +307,7 @@ async fn load_locked(
             format!("failed to load '{id}': {reason}")
         }));
     }
-    Ok(record.footprint())
+    Ok(record.footprint().host)
 }
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,8 @@
 //! Every model is the doubler of `backend::fake` (FP32 `x` → `y = 2x`,
 //! dims `[1]`) behind a real scheduler. Its `config.pbtxt` steers the fake:
 //! `parameters { key: "fake.fail" ... }` makes every load fail with that
-//! message, `fake.bytes` sets the accounted footprint (default 1 MiB).
+//! message, `fake.bytes` sets the accounted footprint (default 1 MiB),
+//! `fake.gpu_bytes` the device memory it takes on GPU 0 (default none).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -31,12 +32,14 @@ pub struct FakeLoader {
     gate: Option<Arc<Gate>>,
     /// `(model, version)` of each load, in order.
     pub loads: Mutex<Vec<(String, u64)>>,
+    /// What [`Loader::gpu_free_bytes`] answers for every GPU.
+    pub gpu_free: Mutex<Option<u64>>,
 }
 
 impl FakeLoader {
     /// A loader whose loads wait at `gate`, when given.
     pub fn new(metrics: Arc<Metrics>, gate: Option<Arc<Gate>>) -> FakeLoader {
-        FakeLoader { metrics, gate, loads: Mutex::default() }
+        FakeLoader { metrics, gate, loads: Mutex::default(), gpu_free: Mutex::default() }
     }
 
     /// How many loads ran so far.
@@ -69,9 +72,16 @@ impl Loader for FakeLoader {
         let policy = Policy::from_config(config).map_err(LoadError::Failed)?;
         let instances: Vec<Arc<dyn Backend>> = vec![Arc::new(Doubler::default())];
         let metrics = self.metrics.for_model(&dir.name, version);
-        let model =
+        let mut model =
             Model::new(&dir.name, version, config, signature, instances, Scheduling::Dynamic(policy), metrics, None);
+        if let Some(gpu) = config::parameter(config, "fake.gpu_bytes") {
+            model.set_device_bytes([(0, gpu.parse().unwrap())].into());
+        }
         Ok((model, bytes))
+    }
+
+    fn gpu_free_bytes(&self, _: u32) -> Option<u64> {
+        *self.gpu_free.lock().unwrap()
     }
 }
 

@@ -14,7 +14,7 @@ use crate::plugin::ModelRunner;
 use crate::residency::Budget;
 use crate::scheduler::policy::RequestOptions;
 
-const NO_BUDGET: Budget = Budget { bytes: None, models: None };
+const NO_BUDGET: Budget = Budget { bytes: None, models: None, gpu: std::collections::BTreeMap::new() };
 
 fn row(name: &str, version: &str, state: &'static str, reason: &str) -> (String, String, &'static str, String) {
     (name.to_owned(), version.to_owned(), state, reason.to_owned())
@@ -141,7 +141,7 @@ async fn on_demand_loads_on_the_first_request_and_evicts_the_least_recently_used
         repo.add(name, &[1], "");
     }
     repo.add("broken", &[1], r#"parameters { key: "fake.fail" value: { string_value: "no weights" } }"#);
-    let budget = Budget { bytes: Some(2 * FAKE_BYTES), models: None };
+    let budget = Budget { bytes: Some(2 * FAKE_BYTES), ..Budget::default() };
     let (lifecycle, loader) = lifecycle(ControlMode::OnDemand, Some(&repo.path()), budget, None);
     lifecycle.start(&["pinned".into()]).await.unwrap();
     assert_eq!(index(&lifecycle)[0], row("b", "", "UNAVAILABLE", "not resident; the first request for it loads it"));
@@ -177,7 +177,7 @@ async fn on_demand_loads_on_the_first_request_and_evicts_the_least_recently_used
 async fn modelmesh_loads_from_the_path_it_is_given_under_its_id() {
     let repo = Repository::new();
     repo.add("model", &[1], r#"name: "model""#).add("other", &[1], "");
-    let budget = Budget { bytes: Some(10 * FAKE_BYTES), models: None };
+    let budget = Budget { bytes: Some(10 * FAKE_BYTES), ..Budget::default() };
     let (lifecycle, loader) = lifecycle(ControlMode::ModelMesh, None, budget, None);
     let mesh = lifecycle.modelmesh().unwrap();
     let folder = || Source::of(&repo.model_path("model"), "").unwrap();
@@ -209,7 +209,7 @@ async fn modelmesh_loads_from_the_path_it_is_given_under_its_id() {
 async fn modelmesh_refuses_what_does_not_fit_and_evicts_nothing() {
     let repo = Repository::new();
     repo.add("model", &[1], "");
-    let budget = Budget { bytes: Some(FAKE_BYTES + FAKE_BYTES / 2), models: None };
+    let budget = Budget { bytes: Some(FAKE_BYTES + FAKE_BYTES / 2), ..Budget::default() };
     let (lifecycle, _) = lifecycle(ControlMode::ModelMesh, None, budget, None);
     let mesh = lifecycle.modelmesh().unwrap();
     mesh.load("first", Source::of(&repo.model_path("model"), "").unwrap()).await.unwrap();
@@ -344,4 +344,75 @@ async fn unload_dependents_takes_an_ensemble_and_its_steps_out_together() {
     assert_eq!(ready(&lifecycle), ["a", "solo"], "b went with pair; a stays for solo");
     lifecycle.unload("a", true).await.unwrap();
     assert_eq!(ready(&lifecycle), Vec::<String>::new(), "solo runs a, so it went with it");
+}
+
+/// `fake.gpu_bytes` for a model configuration, plus `extra`.
+fn on_gpu(bytes: u64, extra: &str) -> String {
+    format!(r#"parameters {{ key: "fake.gpu_bytes" value: {{ string_value: "{bytes}" }} }} {extra}"#)
+}
+
+#[tokio::test]
+async fn a_gpu_limit_evicts_the_models_on_that_gpu() {
+    let repo = Repository::new();
+    repo.add("cpu", &[1], "").add("a", &[1], &on_gpu(600, "")).add("b", &[1], &on_gpu(600, ""));
+    let budget = Budget { gpu: [(0, 1000)].into(), ..Budget::default() };
+    let (lifecycle, _) = lifecycle(ControlMode::OnDemand, Some(&repo.path()), budget, None);
+    lifecycle.start(&[]).await.unwrap();
+    lifecycle.resolve("a", None).await.unwrap();
+    lifecycle.resolve("cpu", None).await.unwrap();
+    // "a" is the least recently used model on GPU 0; "cpu", more recent,
+    // would free nothing there and stays.
+    lifecycle.resolve("b", None).await.unwrap();
+    let rows = index(&lifecycle);
+    assert_eq!(rows[0].2, "UNAVAILABLE", "{rows:?}");
+    assert_eq!(rows[1], row("b", "1", "READY", ""));
+    assert_eq!(rows[2], row("cpu", "1", "READY", ""));
+    let metrics = lifecycle.metrics().render();
+    assert!(metrics.contains(r#"plinth_model_gpu_memory_bytes{gpu="0",model="b"} 600"#), "{metrics}");
+    assert!(!metrics.contains(r#"plinth_model_gpu_memory_bytes{gpu="0",model="a"}"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_swap_that_does_not_fit_on_its_gpu_is_refused_or_unloads_first() {
+    let repo = Repository::new();
+    repo.add("m", &[1], &on_gpu(600, ""));
+    let budget = Budget { gpu: [(0, 1000)].into(), ..Budget::default() };
+    let (lifecycle, loader) = lifecycle(ControlMode::Explicit, Some(&repo.path()), budget, None);
+    lifecycle.start(&["m".into()]).await.unwrap();
+
+    // Version 2 beside version 1 would need 1200 of the limit's 1000.
+    repo.add("m", &[2], &on_gpu(600, ""));
+    let refused = lifecycle.load("m", LoadRequest::default()).await.unwrap_err();
+    let message = refused.message();
+    assert!(matches!(refused, LoadError::NoRoom(_)), "{refused:?}");
+    assert!(message.contains("model 'm': a new version does not fit beside the one serving"), "{message}");
+    assert!(message.contains("--model-load-gpu-limit") && message.contains("gpu_swap_policy"), "{message}");
+    let rows = index(&lifecycle);
+    assert!(rows.contains(&row("m", "1", "READY", "")), "version 1 serves on: {rows:?}");
+    assert!(lifecycle.resolve("m", None).await.is_ok(), "and answers");
+    let loads = loader.count();
+
+    // Opting in, the serving version goes first and version 2 loads.
+    let unload_first = r#"parameters { key: "gpu_swap_policy" value: { string_value: "unload_first" } }"#;
+    repo.add("m", &[2], &on_gpu(600, unload_first));
+    lifecycle.load("m", LoadRequest::default()).await.unwrap();
+    assert_eq!(loader.count(), loads + 1);
+    let rows = index(&lifecycle);
+    assert!(rows.contains(&row("m", "2", "READY", "")), "{rows:?}");
+    assert!(!rows.iter().any(|r| r.1 == "1" && r.2 == "READY"), "{rows:?}");
+
+    // Without a limit, the device's own free memory (NVML's) counts.
+    let repo = Repository::new();
+    repo.add("n", &[1], &on_gpu(600, ""));
+    let (lifecycle, loader) = super::testing::lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
+    lifecycle.start(&["n".into()]).await.unwrap();
+    *loader.gpu_free.lock().unwrap() = Some(500);
+    repo.add("n", &[2], &on_gpu(600, ""));
+    let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();
+    assert!(refused.message().contains("GPU 0 has 0.0 MiB free"), "{refused:?}");
+    assert_eq!(loader.count(), 1, "nothing was loaded");
+    let bad = r#"parameters { key: "gpu_swap_policy" value: { string_value: "sometimes" } }"#;
+    repo.add("n", &[2], &on_gpu(600, bad));
+    let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();
+    assert!(refused.message().contains("parameter 'gpu_swap_policy' must be"), "{refused:?}");
 }

@@ -16,6 +16,7 @@
 //! loaded would keep its series, and each version rolled out would make
 //! every scrape longer.
 
+mod gpu;
 mod model;
 mod plugin;
 mod residency;
@@ -44,6 +45,8 @@ pub struct Metrics {
     pub residency: ResidencyMetrics,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
+    /// Triton's `nv_gpu_*` families; `None` without a GPU.
+    gpu: Option<gpu::GpuMetrics>,
 }
 
 /// The per-version families, and how many handles hold each version's
@@ -106,8 +109,14 @@ fn register<C: Collector + Clone + 'static>(registry: &Registry, collector: C) -
 }
 
 impl Metrics {
-    /// Creates and registers every metric.
+    /// Creates and registers every metric, without GPU families.
     pub fn new() -> Metrics {
+        Metrics::with_gpus(Arc::new(crate::gpu::Gpus::none("not asked".to_owned())))
+    }
+
+    /// Creates and registers every metric, with Triton's `nv_gpu_*`
+    /// families for `gpus` when it lists any device.
+    pub fn with_gpus(gpus: Arc<crate::gpu::Gpus>) -> Metrics {
         let registry = Registry::new();
         let load_seconds = GaugeVec::new(
             Opts::new("nv_model_load_duration_secs", "How long the model version took to load, in seconds"),
@@ -124,6 +133,7 @@ impl Metrics {
             residency: ResidencyMetrics::register(&registry),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
+            gpu: gpu::GpuMetrics::register(&registry, gpus),
             registry,
         }
     }
@@ -153,10 +163,13 @@ impl Metrics {
         }
     }
 
-    /// The text exposition of every metric, with the CPU and memory gauges
-    /// read at this moment.
+    /// The text exposition of every metric, with the CPU, memory and GPU
+    /// gauges read at this moment.
     pub fn render(&self) -> String {
         self.system.refresh();
+        if let Some(gpu) = &self.gpu {
+            gpu.refresh();
+        }
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
         String::from_utf8(out).expect("the text format is UTF-8")

@@ -18,6 +18,8 @@ pub struct ResidencyMetrics {
     pub evictions: IntCounterVec,
     /// Accounted footprint of each resident model, in bytes.
     pub resident_bytes: IntGaugeVec,
+    /// Device memory each resident model holds, by model and GPU index, in bytes.
+    pub device_bytes: IntGaugeVec,
     /// `--model-memory-budget` in bytes (0: none).
     pub budget_bytes: IntGauge,
     /// Bytes held by all resident models.
@@ -42,7 +44,17 @@ impl ResidencyMetrics {
             &["model"],
         )
         .expect("valid metric");
+        let device_bytes = IntGaugeVec::new(
+            Opts::new(
+                "plinth_model_gpu_memory_bytes",
+                "Device memory each resident model holds on each GPU, in bytes (NVML's used memory after its load \
+                 less before)",
+            ),
+            &["model", "gpu"],
+        )
+        .expect("valid metric");
         ResidencyMetrics {
+            device_bytes: register(registry, device_bytes),
             hits: counter("plinth_residency_hits_total", "Inference requests whose model was resident"),
             misses: counter("plinth_residency_misses_total", "Inference requests that loaded their model"),
             loads: per_model("plinth_model_loads_total", "Model loads, by model"),
@@ -55,12 +67,21 @@ impl ResidencyMetrics {
     }
 
     /// Removes the series of model `name`: its loads, evictions and
-    /// footprint. For a model unloaded or forgotten (a ModelMesh model id,
-    /// which comes back, if ever, as a new model); an evicted model keeps
-    /// its loads and evictions.
-    pub fn forget(&self, name: &str) {
+    /// footprint on the host and on `gpus`. For a model unloaded or
+    /// forgotten (a ModelMesh model id, which comes back, if ever, as a new
+    /// model); an evicted model keeps its loads and evictions.
+    pub fn forget(&self, name: &str, gpus: impl IntoIterator<Item = u32>) {
         let _ = self.loads.remove_label_values(&[name]);
         let _ = self.evictions.remove_label_values(&[name]);
+        self.forget_footprint(name, gpus);
+    }
+
+    /// Removes model `name`'s footprint series, on the host and on `gpus`:
+    /// it left memory.
+    pub fn forget_footprint(&self, name: &str, gpus: impl IntoIterator<Item = u32>) {
         let _ = self.resident_bytes.remove_label_values(&[name]);
+        for gpu in gpus {
+            let _ = self.device_bytes.remove_label_values(&[name, &gpu.to_string()]);
+        }
     }
 }

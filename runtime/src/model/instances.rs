@@ -2,8 +2,9 @@
 //! and building them: ONNX Runtime sessions, TorchScript modules,
 //! connections to a remote v2 server, or identity models.
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::Runtimes;
 use crate::backend::identity::{self, IdentityModel};
@@ -25,37 +26,54 @@ const REMOTE_INSTANCES: usize = 8;
 /// ONNX Runtime's session parameter for busy-waiting intra-op threads.
 const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
 
+/// A model's instances and the device memory their loads took.
+pub struct Instances {
+    /// One backend per instance, in `instance_group` order.
+    pub backends: Vec<Arc<dyn Backend>>,
+    /// Device memory the instances took, in bytes, by GPU index (NVML's
+    /// used memory after each load less before it; empty on the CPU).
+    pub device_bytes: BTreeMap<u32, u64>,
+}
+
+/// Loads onto GPUs one at a time, so that NVML's device-wide count of used
+/// memory, read before and after, is this load's alone.
+static GPU_LOADS: Mutex<()> = Mutex::new(());
+
 /// Builds one backend per `instance_group` instance (one without a group)
 /// for the model file in `version_dir` (or the remote the parameters name).
 /// `signature` is the configuration's, before completion from the model.
 ///
 /// # Errors
 /// A message for an unsupported platform, a bad `instance_group` or
-/// parameter, KIND_GPU where no GPU serves, or the backend's own load error.
+/// parameter, KIND_GPU where no GPU serves (naming the model and what is
+/// missing), or the backend's own load error.
 pub fn load(
     name: &str,
     version_dir: &Path,
     config: &ModelConfig,
     signature: &Signature,
     rt: &Runtimes,
-) -> Result<Vec<Arc<dyn Backend>>, String> {
+) -> Result<Instances, String> {
     let framework = BackendKind::of(config)?;
-    let placements = placements(config, framework, gpu_count(rt))?;
+    let placements =
+        placements(config, framework, &usable_gpus(framework, rt)).map_err(|e| format!("model '{name}': {e}"))?;
     let file = |default: &str| {
         let file = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
         version_dir.join(file)
     };
-    match framework {
+    let mut device_bytes = BTreeMap::new();
+    let backends = match framework {
         BackendKind::OnnxRuntime => {
             let onnx = rt.onnx.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {}", onnx::HINT))?;
             let options = session_options(config, placements.len())?;
             let path = file("model.onnx");
-            placements.iter().map(|_| onnx.load(&path, options)).collect::<Result<_, _>>().map(shared)
+            let load = |&p: &Placement| measured(rt, p, &mut device_bytes, || onnx.load(&path, options, p));
+            placements.iter().map(load).collect::<Result<_, _>>().map(shared)?
         }
         BackendKind::Remote => {
-            RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)
+            RemoteModel::connect(RemoteConfig::from_config(config, name)?, signature, placements.len()).map(shared)?
         }
-        BackendKind::Pytorch => load_torch(&file("model.pt"), signature, &placements, rt),
+        BackendKind::Pytorch => load_torch(&file("model.pt"), signature, &placements, rt, &mut device_bytes)?,
         BackendKind::Identity => {
             let delay = match config::parameter(config, identity::DELAY_PARAMETER) {
                 None => 0,
@@ -67,13 +85,38 @@ pub fn load(
                 })?,
             };
             let delay = std::time::Duration::from_millis(delay);
-            placements.iter().map(|_| IdentityModel::new(signature, delay)).collect::<Result<_, _>>().map(shared)
+            placements.iter().map(|_| IdentityModel::new(signature, delay)).collect::<Result<_, _>>().map(shared)?
         }
-    }
+    };
+    Ok(Instances { backends, device_bytes })
 }
 
 fn shared<B: Backend + 'static>(backends: Vec<B>) -> Vec<Arc<dyn Backend>> {
     backends.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect()
+}
+
+/// Runs `load` for an instance on `placement`; on a GPU, adds the device
+/// memory it took to `device_bytes`. The device's CUDA context is made
+/// first, so that its fixed cost (hundreds of MiB that no unload returns)
+/// is not charged to the first model loaded there.
+fn measured<T>(
+    rt: &Runtimes,
+    placement: Placement,
+    device_bytes: &mut BTreeMap<u32, u64>,
+    load: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    let Placement::Gpu(index) = placement else { return load() };
+    let index = u32::try_from(index).map_err(|_| format!("GPU {index} does not exist"))?;
+    let _only_load = GPU_LOADS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = crate::gpu::init_context(index) {
+        tracing::warn!(gpu = index, "cannot make the CUDA context before measuring a load: {e}");
+    }
+    let before = rt.gpus.memory_used(index);
+    let loaded = load()?;
+    if let (Some(before), Some(after)) = (before, rt.gpus.memory_used(index)) {
+        *device_bytes.entry(index).or_default() += after.saturating_sub(before);
+    }
+    Ok(loaded)
 }
 
 #[cfg(feature = "libtorch")]
@@ -82,44 +125,81 @@ fn load_torch(
     signature: &Signature,
     placements: &[Placement],
     rt: &Runtimes,
+    device_bytes: &mut BTreeMap<u32, u64>,
 ) -> Result<Vec<Arc<dyn Backend>>, String> {
     let batching = signature.max_batch_size > 0;
     placements
         .iter()
         .map(|&p| {
-            let model = rt.torch.load(path, &signature.inputs, &signature.outputs, batching, p)?;
-            Ok(Arc::new(model) as Arc<dyn Backend>)
+            let load = || rt.torch.load(path, &signature.inputs, &signature.outputs, batching, p);
+            Ok(Arc::new(measured(rt, p, device_bytes, load)?) as Arc<dyn Backend>)
         })
         .collect()
 }
 
 #[cfg(not(feature = "libtorch"))]
-fn load_torch(_: &Path, _: &Signature, _: &[Placement], _: &Runtimes) -> Result<Vec<Arc<dyn Backend>>, String> {
+fn load_torch(
+    _: &Path,
+    _: &Signature,
+    _: &[Placement],
+    _: &Runtimes,
+    _: &mut BTreeMap<u32, u64>,
+) -> Result<Vec<Arc<dyn Backend>>, String> {
     Err("platform 'pytorch_libtorch' needs a Plinth built with the cargo feature 'libtorch' \
          (`make setup` builds it)"
         .to_owned())
 }
 
-fn gpu_count(rt: &Runtimes) -> usize {
-    #[cfg(feature = "libtorch")]
-    return rt.torch.cuda_devices();
-    #[cfg(not(feature = "libtorch"))]
-    {
-        let _ = rt;
-        0
+/// How many GPUs `framework` can run instances on here, or why none.
+fn usable_gpus(framework: BackendKind, rt: &Runtimes) -> Result<usize, String> {
+    let none = |why: String| Err(format!("{why}; use KIND_CPU or KIND_AUTO"));
+    match framework {
+        BackendKind::OnnxRuntime => match (rt.onnx.as_ref().map(|o| o.cuda()), rt.gpus.count()) {
+            (None, _) => none(format!("ONNX Runtime is not loaded: {}", onnx::HINT)),
+            (Some(Err(why)), _) => none(why.to_owned()),
+            (Some(Ok(())), 0) => none(format!("no GPU is usable: {}", rt.gpus.absence().unwrap_or("NVML lists none"))),
+            (Some(Ok(())), n) => Ok(n),
+        },
+        BackendKind::Pytorch => torch_gpus(rt).or_else(none),
+        BackendKind::Remote | BackendKind::Identity => {
+            Err(format!("Plinth runs {} models on the CPU only; use KIND_CPU or KIND_AUTO", framework.name()))
+        }
     }
 }
 
-/// Where each instance `instance_group` asks for runs (without a group: one
-/// CPU instance, or [`REMOTE_INSTANCES`] for a remote model). KIND_AUTO and KIND_MODEL mean the CPU except for
-/// TorchScript models on a machine with CUDA, as in Triton; KIND_GPU runs
-/// `count` instances on each of `gpus` (all GPUs when empty), and is
-/// refused rather than silently served on the CPU where no GPU can serve.
-fn placements(config: &ModelConfig, framework: BackendKind, gpus: usize) -> Result<Vec<Placement>, String> {
+#[cfg(feature = "libtorch")]
+fn torch_gpus(rt: &Runtimes) -> Result<usize, String> {
+    match rt.torch.cuda_devices() {
+        0 => Err("libtorch sees no CUDA device (a GPU and a PyTorch torch/lib with libtorch_cuda.so on \
+                  LD_LIBRARY_PATH are needed; `make setup-gpu` places them)"
+            .to_owned()),
+        n => Ok(n),
+    }
+}
+
+#[cfg(not(feature = "libtorch"))]
+fn torch_gpus(_: &Runtimes) -> Result<usize, String> {
+    Err("this Plinth was built without the cargo feature 'libtorch'".to_owned())
+}
+
+/// Where each instance `instance_group` asks for runs, given how many GPUs
+/// the model's framework can use here (`gpus`, or why none). Without a
+/// group: one instance on each usable GPU, as Triton places a model whose
+/// configuration has no `instance_group`, else one CPU instance
+/// ([`REMOTE_INSTANCES`] for a remote model). KIND_AUTO and KIND_MODEL run
+/// on the GPUs when one is usable, else on the CPU; KIND_GPU runs `count`
+/// instances on each of `gpus` (all GPUs when empty), and is refused rather
+/// than silently served on the CPU where no GPU can serve.
+fn placements(
+    config: &ModelConfig,
+    framework: BackendKind,
+    gpus: &Result<usize, String>,
+) -> Result<Vec<Placement>, String> {
+    let usable = *gpus.as_ref().unwrap_or(&0);
     if config.instance_group.is_empty() {
         return Ok(match framework {
-            BackendKind::Pytorch if gpus > 0 => vec![Placement::Gpu(0)],
             BackendKind::Remote => vec![Placement::Cpu; REMOTE_INSTANCES],
+            _ if usable > 0 => (0..usable).map(Placement::Gpu).collect(),
             _ => vec![Placement::Cpu],
         });
     }
@@ -133,28 +213,24 @@ fn placements(config: &ModelConfig, framework: BackendKind, gpus: usize) -> Resu
         };
         let on_gpu = match group.kind() {
             Kind::Gpu => true,
-            Kind::Auto => framework == BackendKind::Pytorch && gpus > 0,
-            Kind::Cpu | Kind::Model => false,
+            Kind::Auto | Kind::Model => usable > 0,
+            Kind::Cpu => false,
         };
         if !on_gpu {
             all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
-        } else if framework != BackendKind::Pytorch {
-            return Err(format!(
-                "instance_group {name} asks for KIND_GPU, but Plinth runs {framework:?} models on the CPU only; use KIND_CPU or KIND_AUTO"
-            ));
-        } else if gpus == 0 {
-            return Err(format!(
-                "instance_group {name} asks for KIND_GPU, but libtorch sees no CUDA device (a GPU and a PyTorch \
-                 torch/lib with libtorch_cuda.so on LD_LIBRARY_PATH are needed); use KIND_CPU or KIND_AUTO"
-            ));
+        } else if let Err(why) = gpus {
+            return Err(format!("instance_group {name} asks for KIND_GPU, but {why}"));
         } else {
             let ids: Vec<usize> = if group.gpus.is_empty() {
-                (0..gpus).collect()
+                (0..usable).collect()
             } else {
                 group
                     .gpus
                     .iter()
-                    .map(|&g| usize::try_from(g).map_err(|_| format!("instance_group {name}: gpus has {g}")))
+                    .map(|&g| match usize::try_from(g) {
+                        Ok(id) if id < usable => Ok(id),
+                        _ => Err(format!("instance_group {name}: GPU {g} does not exist; {usable} are usable")),
+                    })
                     .collect::<Result<_, _>>()?
             };
             for id in ids {
@@ -222,15 +298,23 @@ mod tests {
     }
 
     #[test]
-    fn gpu_instances_go_to_torch_models_on_machines_with_cuda() {
-        let gpu = config(r#"instance_group [{ kind: KIND_GPU count: 2 gpus: [1] }]"#);
-        assert_eq!(placements(&gpu, BackendKind::Pytorch, 2).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
-        assert!(placements(&gpu, BackendKind::Pytorch, 0).unwrap_err().contains("no CUDA device"));
-        assert!(placements(&gpu, BackendKind::OnnxRuntime, 2).unwrap_err().contains("CPU only"));
+    fn gpu_instances_go_where_the_framework_can_use_a_gpu() {
+        let two = Ok(2);
+        let none: Result<usize, String> = Err("libtorch sees no CUDA device".to_owned());
+        let gpu = config(r#"instance_group [{ name: "g" kind: KIND_GPU count: 2 gpus: [1] }]"#);
+        assert_eq!(placements(&gpu, BackendKind::Pytorch, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
+        assert_eq!(placements(&gpu, BackendKind::OnnxRuntime, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
+        let refused = placements(&gpu, BackendKind::OnnxRuntime, &none).unwrap_err();
+        assert!(refused.contains("instance_group g asks for KIND_GPU, but libtorch sees no CUDA device"), "{refused}");
+        assert!(placements(&gpu, BackendKind::Pytorch, &Ok(1)).unwrap_err().contains("GPU 1 does not exist"));
         let auto = config(r#"instance_group [{ count: 3 }]"#);
-        assert_eq!(placements(&auto, BackendKind::Pytorch, 1).unwrap(), [Placement::Gpu(0); 3]);
-        assert_eq!(placements(&auto, BackendKind::OnnxRuntime, 1).unwrap(), [Placement::Cpu; 3]);
+        assert_eq!(placements(&auto, BackendKind::Pytorch, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);
+        assert_eq!(placements(&auto, BackendKind::OnnxRuntime, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);
+        assert_eq!(placements(&auto, BackendKind::OnnxRuntime, &none).unwrap(), [Placement::Cpu; 3]);
+        let every = config("");
+        assert_eq!(placements(&every, BackendKind::OnnxRuntime, &two).unwrap(), [Placement::Gpu(0), Placement::Gpu(1)]);
+        assert_eq!(placements(&every, BackendKind::OnnxRuntime, &none).unwrap(), [Placement::Cpu]);
         let huge = config(r#"instance_group [{ count: 1000000 }]"#);
-        assert!(placements(&huge, BackendKind::OnnxRuntime, 0).unwrap_err().contains("more than 128"));
+        assert!(placements(&huge, BackendKind::OnnxRuntime, &none).unwrap_err().contains("more than 128"));
     }
 }

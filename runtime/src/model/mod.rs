@@ -11,7 +11,7 @@ mod reshape;
 mod traced;
 mod warmup;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -43,6 +43,8 @@ pub struct Runtimes {
     /// libtorch, for `pytorch_libtorch` models.
     #[cfg(feature = "libtorch")]
     pub torch: crate::backend::torch::Libtorch,
+    /// The machine's GPUs as NVML lists them (none without a driver).
+    pub gpus: Arc<crate::gpu::Gpus>,
     /// The wasmtime sandbox, for model plugins.
     pub plugins: PluginHost,
     /// Where each model's inference metrics are registered.
@@ -66,6 +68,11 @@ impl Runtimes {
         plugin_limits: crate::plugin::PluginLimits,
         plugin_cache_dir: Option<std::path::PathBuf>,
     ) -> Result<Runtimes, String> {
+        let gpus = Arc::new(crate::gpu::Gpus::probe());
+        match gpus.absence() {
+            None => tracing::info!(gpus = ?gpus.devices(), "NVML lists the GPUs"),
+            Some(why) => tracing::info!(%why, "no GPU"),
+        }
         Ok(Runtimes {
             onnx: match ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime) {
                 Some(path) => Some(OnnxRuntime::init(&path)?),
@@ -77,7 +84,8 @@ impl Runtimes {
             #[cfg(feature = "libtorch")]
             torch: crate::backend::torch::Libtorch::init(),
             plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_gpus(gpus.clone())),
+            gpus,
             response_cache: None,
         })
     }
@@ -131,6 +139,8 @@ pub struct Model {
     cache: Option<(Arc<ResponseCache>, u64)>,
     /// Raw requests the warm-up sends through the plugin (`plugin.warmup`).
     plugin_samples: Vec<warmup::PluginSample>,
+    /// Device memory the instances' loads took, in bytes, by GPU index.
+    device_bytes: BTreeMap<u32, u64>,
 }
 
 /// What runs a model's requests.
@@ -225,7 +235,7 @@ impl Model {
         let scheduling = Scheduling::from_config(config, &dir.path)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
-        let instances =
+        let instances::Instances { backends: instances, device_bytes } =
             instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
         let backend = &instances[0];
         let (inputs, outputs) = check::client_tensors(&scheduling, backend.inputs(), backend.outputs())?;
@@ -270,6 +280,7 @@ impl Model {
         model.labels = labels;
         model.plugin_samples = plugin_samples;
         model.cache = cache;
+        model.device_bytes = device_bytes;
         Ok(model)
     }
 
@@ -308,6 +319,7 @@ impl Model {
             labels: HashMap::new(),
             cache: None,
             plugin_samples: Vec::new(),
+            device_bytes: BTreeMap::new(),
         }
     }
 
@@ -332,6 +344,7 @@ impl Model {
             labels: HashMap::new(),
             cache: None,
             plugin_samples: Vec::new(),
+            device_bytes: BTreeMap::new(),
         }
     }
 
@@ -370,6 +383,19 @@ impl Model {
             Engine::Ensemble(_) => 0,
         };
         instances + self.plugin.as_ref().map_or(0, |p| p.resident_bytes())
+    }
+
+    /// Device memory the model's instances took at load, in bytes, by GPU
+    /// index (NVML's used memory after each instance's load less before
+    /// it); empty for a model on the CPU.
+    pub fn device_bytes(&self) -> &BTreeMap<u32, u64> {
+        &self.device_bytes
+    }
+
+    /// Sets what [`Model::device_bytes`] reports, for fake loaders.
+    #[cfg(test)]
+    pub fn set_device_bytes(&mut self, bytes: BTreeMap<u32, u64>) {
+        self.device_bytes = bytes;
     }
 
     /// Runs the configuration's `model_warmup` samples through every

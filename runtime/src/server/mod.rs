@@ -21,6 +21,7 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -67,6 +68,9 @@ pub struct ServeOptions {
     /// `--drain-delay-secs`: how long after SIGTERM/SIGINT the server, no
     /// longer ready, still takes new requests.
     pub drain_delay: Duration,
+    /// `--model-load-gpu-limit`: (GPU index, fraction of its memory) for
+    /// models, turned into the budget's bytes once NVML lists the GPUs.
+    pub gpu_load_limits: Vec<(u32, f64)>,
     /// Path of `libonnxruntime.so` (`ORT_DYLIB_PATH`).
     pub ort_dylib_path: Option<PathBuf>,
     /// Memory, time and concurrency limits of plugin calls.
@@ -150,15 +154,34 @@ fn start_service(opts: &ServeOptions) -> Result<Service, String> {
         tracing::info!(capacity_bytes = capacity, "modelmesh mode: ModelMesh loads and unloads models");
     }
     let metrics = runtimes.metrics.clone();
+    let mut limits = opts.load_limits.clone();
+    limits.budget.gpu = gpu_budget(&opts.gpu_load_limits, &runtimes.gpus)?;
     let lifecycle = Lifecycle::new(
         Arc::new(RuntimeLoader::new(runtimes)),
         Arc::new(Registry::default()),
         opts.model_repositories.clone(),
         opts.control_mode,
-        opts.load_limits,
+        limits,
         metrics,
     );
     Ok(Service::new(Arc::new(lifecycle), opts.strict_readiness, opts.http_max_body_bytes))
+}
+
+/// `--model-load-gpu-limit`'s fractions as bytes of each GPU's memory.
+///
+/// # Errors
+/// A message naming the flag for a GPU NVML does not list.
+fn gpu_budget(limits: &[(u32, f64)], gpus: &crate::gpu::Gpus) -> Result<BTreeMap<u32, u64>, String> {
+    limits
+        .iter()
+        .map(|&(index, fraction)| {
+            let device = gpus.devices().iter().find(|d| d.index == index).ok_or_else(|| {
+                let why = gpus.absence().map_or_else(|| format!("NVML lists {}", gpus.count()), str::to_owned);
+                format!("--model-load-gpu-limit names GPU {index}, which does not exist ({why})")
+            })?;
+            Ok((index, (device.memory_total as f64 * fraction) as u64))
+        })
+        .collect()
 }
 
 /// The start-up loads, then (poll mode) a look at the repositories every

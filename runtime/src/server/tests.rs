@@ -15,7 +15,7 @@ use crate::lifecycle::ControlMode;
 use crate::lifecycle::testing::{Repository, lifecycle};
 use crate::residency::Budget;
 
-const NO_BUDGET: Budget = Budget { bytes: None, models: None };
+const NO_BUDGET: Budget = Budget { bytes: None, models: None, gpu: std::collections::BTreeMap::new() };
 
 /// A started service in `mode` over a repository holding the doubler
 /// `twice` (versions 2, 9 and 10, all served).
