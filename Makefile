@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make serve   set everything up and serve model_repository/ on port 8000
 #   make test    set everything up and run every test
-.PHONY: setup serve test bench bench-peers soak dist fuzz
+.PHONY: setup setup-gpu serve test bench bench-peers soak dist fuzz
 
 export ORT_DYLIB_PATH := $(CURDIR)/.venv/libonnxruntime.so
 # torch-sys links the slim libtorch that scripts/setup.sh unzips.
@@ -11,8 +11,20 @@ HTTP_PORT ?= 8000
 setup:
 	scripts/setup.sh
 
+# GPU=1 serves with onnxruntime-gpu and a full PyTorch (make setup-gpu), so that
+# instance_group KIND_GPU and KIND_AUTO run models on the GPU.
+ifeq ($(GPU),1)
+serve: setup setup-gpu
+	eval "$$(scripts/gpu_env.sh)" && target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
+else
 serve: setup
 	target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
+endif
+
+# On a machine with an NVIDIA GPU: onnxruntime-gpu, PyTorch and NVIDIA's CUDA
+# libraries in .cache/gpu/venv (scripts/setup_gpu.sh).
+setup-gpu: setup
+	scripts/setup_gpu.sh
 
 test: setup
 	python3 scripts/check_layers.py
