@@ -15,7 +15,7 @@ setup:
 # instance_group KIND_GPU and KIND_AUTO run models on the GPU.
 ifeq ($(GPU),1)
 serve: setup setup-gpu
-	eval "$$(scripts/gpu_env.sh)" && target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
+	gpu_env=$$(scripts/gpu_env.sh) && eval "$$gpu_env" && target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)
 else
 serve: setup
 	target/release/plinth serve --model-repository model_repository --http-port $(HTTP_PORT)

@@ -20,7 +20,8 @@ python=${PYTHON:-.cache/gpu/venv/bin/python}
 port=${PORT:-18600}
 
 [[ -x $python ]] || scripts/setup_gpu.sh
-eval "$(scripts/gpu_env.sh "$python")"
+gpu_env=$(scripts/gpu_env.sh "$python")  # a failure stops here, not inside eval
+eval "$gpu_env"
 for file in target/release/plinth model_repository/mobilenet_v2/1/model.onnx \
     model_repository/mobilenet_v2_torchscript/1/model.pt .cache/samples/china.jpg; do
     [[ -f $file ]] || { echo "$file is missing: run \`make setup\` first" >&2; exit 1; }
@@ -28,6 +29,7 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 work=$(mktemp -d)
+pid=
 trap 'kill "$pid" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 # Both copies with their plugin, on GPU 0, batching up to 32.
 for model in mobilenet_v2 mobilenet_v2_torchscript; do

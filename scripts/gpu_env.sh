@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the environment that serves models on the GPU, for `eval`:
 #   ORT_DYLIB_PATH   onnxruntime-gpu's libonnxruntime.so (its CUDA provider library beside it)
+#   CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA numbers GPUs as NVML does (Plinth's GPU indices)
 #   LD_LIBRARY_PATH  torch/lib (libtorch_cuda.so, which Plinth loads at start, and the libtorch
 #                    it was built against) and every NVIDIA wheel's lib folder (CUDA 13 runtime,
 #                    cuBLAS, cuDNN 9, cuFFT, cuRAND, ...), ahead of what was there
@@ -32,6 +33,7 @@ import torch  # noqa: E402  (after the version check)
 site = pathlib.Path(torch.__file__).parent.parent
 folders = [pathlib.Path(torch.__file__).parent / "lib"]
 folders += sorted(p for p in (site / "nvidia").glob("**/lib") if any(p.glob("*.so*")))
+print("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
 print("export LD_LIBRARY_PATH=" + shlex.quote(":".join(map(str, folders))) + '${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}')
 if version("onnxruntime-gpu") == "1.31.1":
     library = next((site / "onnxruntime" / "capi").glob("libonnxruntime.so.1.31.1"))

@@ -8,14 +8,22 @@
 //! NVML counts memory per device, for every process on it; a model's share
 //! is what its load added (see `model::instances`), measured while no other
 //! load runs on that device.
+//!
+//! A GPU's index is its CUDA device ordinal, the number `instance_group`'s
+//! `gpus` and the frameworks use. NVML numbers devices by PCI bus; CUDA
+//! does too with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (`scripts/gpu_env.sh` sets
+//! it). `CUDA_VISIBLE_DEVICES` (indices or `GPU-` UUIDs) is applied here as
+//! CUDA applies it, so the two agree on which device an index means.
 
 use nvml_wrapper::Nvml;
 
 /// One GPU, as NVML names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuDevice {
-    /// NVML's (and CUDA's, with the default `CUDA_DEVICE_ORDER`) index.
+    /// The CUDA device ordinal (see the module's documentation).
     pub index: u32,
+    /// NVML's index of the same device.
+    pub nvml_index: u32,
     /// `GPU-…`: Triton's `gpu_uuid` metric label.
     pub uuid: String,
     /// The product name (`NVIDIA H200`).
@@ -28,8 +36,8 @@ pub struct GpuDevice {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GpuSample {
     /// Share of the last sample period (NVML's, about 1/6 s to 1 s) in which
-    /// a kernel ran, 0.0 to 1.0.
-    pub utilization: f64,
+    /// a kernel ran, 0.0 to 1.0; `None` where NVML cannot say.
+    pub utilization: Option<f64>,
     /// Device memory allocated by all processes, in bytes.
     pub memory_used: u64,
     /// Installed device memory, in bytes.
@@ -55,7 +63,9 @@ impl Gpus {
     /// `libnvidia-ml.so.1`, or NVML cannot start) the list is empty and
     /// [`Gpus::absence`] holds NVML's reason.
     pub fn probe() -> Gpus {
-        match Nvml::init().map_err(|e| e.to_string()).and_then(|nvml| list(&nvml).map(|devices| (nvml, devices))) {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let listed = |nvml: &Nvml| list(nvml).map(|all| cuda_visible(all, visible.as_deref()));
+        match Nvml::init().map_err(|e| e.to_string()).and_then(|nvml| listed(&nvml).map(|devices| (nvml, devices))) {
             Ok((nvml, devices)) => {
                 let absence = devices.is_empty().then(|| "NVML lists no GPU".to_owned());
                 Gpus { nvml: Some(nvml), devices, absence }
@@ -87,18 +97,23 @@ impl Gpus {
     /// Device memory in use on device `index` by all processes, in bytes;
     /// `None` for an index NVML does not know or when it cannot say.
     pub fn memory_used(&self, index: u32) -> Option<u64> {
-        let nvml = self.nvml.as_ref()?;
-        nvml.device_by_index(index).and_then(|d| d.memory_info()).map(|m| m.used).ok()
+        self.device(index)?.memory_info().map(|m| m.used).ok()
+    }
+
+    /// NVML's handle of the device with CUDA ordinal `index`.
+    fn device(&self, index: u32) -> Option<nvml_wrapper::Device<'_>> {
+        let nvml_index = self.devices.iter().find(|d| d.index == index)?.nvml_index;
+        self.nvml.as_ref()?.device_by_index(nvml_index).ok()
     }
 
     /// Device `index`'s utilization, memory and power now; `None` for an
     /// index NVML does not know or when it cannot read the memory.
     pub fn sample(&self, index: u32) -> Option<GpuSample> {
-        let device = self.nvml.as_ref()?.device_by_index(index).ok()?;
+        let device = self.device(index)?;
         let memory = device.memory_info().ok()?;
         let milliwatts = |r: Result<u32, _>| r.ok().map(|mw| f64::from(mw) / 1000.0);
         Some(GpuSample {
-            utilization: device.utilization_rates().map_or(0.0, |u| f64::from(u.gpu) / 100.0),
+            utilization: device.utilization_rates().ok().map(|u| f64::from(u.gpu) / 100.0),
             memory_used: memory.used,
             memory_total: memory.total,
             power_watts: milliwatts(device.power_usage()),
@@ -155,6 +170,7 @@ fn list(nvml: &Nvml) -> Result<Vec<GpuDevice>, String> {
             let device = nvml.device_by_index(index).map_err(|e| format!("GPU {index}: {e}"))?;
             Ok(GpuDevice {
                 index,
+                nvml_index: index,
                 uuid: device.uuid().map_err(|e| format!("GPU {index}: {e}"))?,
                 name: device.name().unwrap_or_default(),
                 memory_total: device.memory_info().map(|m| m.total).unwrap_or(0),
@@ -163,9 +179,51 @@ fn list(nvml: &Nvml) -> Result<Vec<GpuDevice>, String> {
         .collect()
 }
 
+/// The devices CUDA sees under `CUDA_VISIBLE_DEVICES` (`visible`), in its
+/// order, numbered from 0: a comma-separated list of indices or `GPU-` UUID
+/// prefixes, read up to the first entry that names no device, as CUDA
+/// reads it. All of them, as listed, when it is not set.
+fn cuda_visible(all: Vec<GpuDevice>, visible: Option<&str>) -> Vec<GpuDevice> {
+    let Some(visible) = visible else { return all };
+    let mut chosen: Vec<GpuDevice> = Vec::new();
+    for entry in visible.split(',').map(str::trim) {
+        let found = match entry.parse::<u32>() {
+            Ok(n) => all.iter().find(|d| d.nvml_index == n),
+            Err(_) => all.iter().find(|d| !entry.is_empty() && d.uuid.starts_with(entry)),
+        };
+        match found {
+            Some(device) if !chosen.iter().any(|c| c.nvml_index == device.nvml_index) => {
+                let index = chosen.len() as u32;
+                chosen.push(GpuDevice { index, ..device.clone() });
+            }
+            _ => break,
+        }
+    }
+    chosen
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_visible_devices_renumbers_as_cuda_does() {
+        let gpu = |n: u32| GpuDevice {
+            index: n,
+            nvml_index: n,
+            uuid: format!("GPU-{n}aaa"),
+            name: "H200".into(),
+            memory_total: 1,
+        };
+        let all = vec![gpu(0), gpu(1), gpu(2)];
+        let seen = |v: Option<&str>| -> Vec<(u32, u32)> {
+            cuda_visible(all.clone(), v).iter().map(|d| (d.index, d.nvml_index)).collect()
+        };
+        assert_eq!(seen(None), [(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(seen(Some("2,0")), [(0, 2), (1, 0)]);
+        assert_eq!(seen(Some("GPU-1,7,0")), [(0, 1)], "read up to the first entry naming no device");
+        assert_eq!(seen(Some("")), []);
+    }
 
     #[test]
     fn a_machine_without_a_driver_has_no_gpus_and_says_why() {

@@ -235,6 +235,21 @@ impl<M> Registry<M> {
             e.error = Some(reason.to_owned());
             std::mem::take(&mut e.versions)
         });
+        self.drain_all(name, old)
+    }
+
+    /// Takes every version of `name` out of service so that new ones can
+    /// load in their place (a swap that unloads first): as
+    /// [`Registry::unload`], but the model stays wanted and records no
+    /// error, since a load of it is under way.
+    pub fn make_way(&self, name: &str) -> Vec<Arc<M>> {
+        let old = self.update(name, |e| std::mem::take(&mut e.versions));
+        self.drain_all(name, old)
+    }
+
+    /// Drains the READY ones of `versions`, taken out of `name`'s entry,
+    /// and returns their models.
+    fn drain_all(&self, name: &str, old: BTreeMap<u64, Slot<M>>) -> Vec<Arc<M>> {
         let mut models = Vec::new();
         for (version, slot) in old {
             if let VersionState::Ready(model) = slot.state {

@@ -210,7 +210,7 @@ impl Residency {
             )),
             Some(Some(device)) => Err(format!(
                 "model '{name}' needs {} on GPU {device} but --model-load-gpu-limit allows {} there",
-                human(need.devices[device]),
+                human(need.devices.get(device).copied().unwrap_or(0)),
                 human(self.budget.gpu[device])
             )),
         }
@@ -236,7 +236,7 @@ impl Residency {
                 ))
             }
             Some(Some(device)) => {
-                let (limit, wanted) = (self.budget.gpu[device], need.devices[device]);
+                let (limit, wanted) = (self.budget.gpu[device], need.devices.get(device).copied().unwrap_or(0));
                 Err(format!(
                     "model '{name}' needs {} on GPU {device} but only {} of the {} --model-load-gpu-limit there is free",
                     human(wanted),
@@ -245,6 +245,31 @@ impl Residency {
                 ))
             }
         }
+    }
+
+    /// Whether `need`'s device memory fits beside the other resident
+    /// models within `--model-load-gpu-limit` on each GPU `need` uses;
+    /// other GPUs' budgets and the host's are not looked at.
+    ///
+    /// # Errors
+    /// As [`Residency::check_free`], for the first GPU without room.
+    pub fn check_free_on_gpus(&self, name: &str, need: &Footprint) -> Result<(), String> {
+        let total = self.others_with(name, need);
+        let Some((&device, &limit)) = self
+            .budget
+            .gpu
+            .iter()
+            .find(|(d, limit)| need.devices.contains_key(d) && total.devices.get(d).is_some_and(|b| b > limit))
+        else {
+            return Ok(());
+        };
+        let wanted = need.devices[&device];
+        Err(format!(
+            "model '{name}' needs {} on GPU {device} but only {} of the {} --model-load-gpu-limit there is free",
+            human(wanted),
+            human(limit.saturating_sub(total.devices[&device] - wanted)),
+            human(limit)
+        ))
     }
 
     /// The models to evict, least recently used first, so that `incoming`

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::LoadLimits;
 use super::ensemble::{self, StepLabels};
@@ -279,6 +279,8 @@ impl Core {
                 format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
+        // Versions taken out since (evicted, refused room) serve no more.
+        record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         let mut changed: Vec<(u64, LoadKey)> = targets
             .iter()
             .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
@@ -297,13 +299,18 @@ impl Core {
         // An unknown one loads first and is measured (the budget is exceeded
         // by at most its size meanwhile), so that a model too large for the
         // whole budget never evicts anything.
-        let room = match self.residency.known_footprint(name) {
-            Some(known) => self.make_room(name, &known),
-            None => self
-                .residency
-                .check_fits(name, &Footprint::host(changed.iter().map(|(v, _)| files.versions[v].bytes()).sum())),
-        };
-        let unloaded = room.and_then(|()| self.room_to_swap(name, &config, record)).map_err(|reason| {
+        let swap = self.room_to_swap(name, &config, record).await;
+        let room = swap.and_then(|unloaded| {
+            match self.residency.known_footprint(name) {
+                Some(known) => self.make_room(name, &known),
+                None => self.residency.check_fits(
+                    name,
+                    &Footprint::host(changed.iter().map(|(v, _)| files.versions[v].bytes()).sum()),
+                ),
+            }
+            .map(|()| unloaded)
+        });
+        let unloaded = room.map_err(|reason| {
             self.registry.fail_model(name, &reason);
             LoadError::NoRoom(reason)
         })?;
@@ -344,12 +351,13 @@ impl Core {
     /// unloaded first. Loading anyway could run the device out of memory
     /// in the middle of the swap.
     ///
-    /// Returns whether it unloaded them.
+    /// Returns whether it unloaded them, once their memory was handed back
+    /// (requests in flight on them finish first; at most the load timeout).
     ///
     /// # Errors
     /// Under [`SwapPolicy::Refuse`], a message naming the GPU, both sizes
     /// and the parameter that allows unloading first; a bad policy value.
-    fn room_to_swap(&self, name: &str, config: &ModelConfig, record: &mut ModelRecord) -> Result<bool, String> {
+    async fn room_to_swap(&self, name: &str, config: &ModelConfig, record: &mut ModelRecord) -> Result<bool, String> {
         let serving = record.footprint();
         if serving.devices.values().all(|&b| b == 0) {
             return Ok(false);
@@ -357,7 +365,7 @@ impl Core {
         let policy = SwapPolicy::of(config)?;
         // Device memory only: the host budget is settled after the load.
         let both = Footprint { host: 0, devices: serving.devices.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
-        let budget = self.residency.check_free(name, &both).err();
+        let budget = self.residency.check_free_on_gpus(name, &both).err();
         let device = serving.devices.iter().find_map(|(&gpu, &bytes)| {
             let free = self.loader.gpu_free_bytes(gpu)?;
             (bytes > free).then(|| {
@@ -377,8 +385,18 @@ impl Core {
             )),
             SwapPolicy::UnloadFirst => {
                 tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap ({GPU_SWAP_PARAMETER})");
-                self.take_out(name, "unloaded to make room on its GPU for a new version");
+                let old: Vec<Weak<Model>> = self.registry.make_way(name).iter().map(Arc::downgrade).collect();
+                self.forget_residency(name);
                 record.loaded.clear();
+                let gone = async {
+                    while old.iter().any(|m| m.strong_count() > 0) {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                };
+                if tokio::time::timeout(self.limits.timeout, gone).await.is_err() {
+                    tracing::warn!(model = %name, "the versions unloaded for the swap still run requests; loading anyway");
+                }
+                residency::release_freed_memory();
                 Ok(true)
             }
         }
@@ -480,12 +498,16 @@ impl Core {
             self.residency.remove(name);
             return Ok(());
         }
+        let previous = self.residency.known_footprint(name).unwrap_or_default();
         self.residency.admit(name, footprint.clone(), pinned_by_config);
         if let Err(reason) = self.make_room(name, &footprint) {
             self.take_out(name, &reason);
             return Err(reason);
         }
         let residency = &self.metrics.residency;
+        // A GPU the model no longer uses (its `gpus` changed) loses its series.
+        let left = previous.devices.keys().filter(|gpu| !footprint.devices.contains_key(gpu)).copied();
+        residency.forget_footprint(name, left);
         residency.resident_bytes.with_label_values(&[name]).set(footprint.host as i64);
         for (gpu, bytes) in &footprint.devices {
             residency.device_bytes.with_label_values(&[name, &gpu.to_string()]).set(*bytes as i64);
@@ -498,11 +520,16 @@ impl Core {
     /// its memory back once no request uses it.
     pub(super) fn take_out(&self, name: &str, reason: &str) {
         let models = self.registry.unload(name, reason);
+        self.forget_residency(name);
+        drop(models);
+        residency::release_freed_memory();
+    }
+
+    /// Records that `name` left memory: the residency and its footprint series.
+    fn forget_residency(&self, name: &str) {
         self.residency.remove(name);
         self.metrics.residency.forget_footprint(name, self.gpus_of(name));
         self.metrics.residency.used_bytes.set(self.residency.used().host as i64);
-        drop(models);
-        residency::release_freed_memory();
     }
 }
 

@@ -370,6 +370,13 @@ async fn a_gpu_limit_evicts_the_models_on_that_gpu() {
     let metrics = lifecycle.metrics().render();
     assert!(metrics.contains(r#"plinth_model_gpu_memory_bytes{gpu="0",model="b"} 600"#), "{metrics}");
     assert!(!metrics.contains(r#"plinth_model_gpu_memory_bytes{gpu="0",model="a"}"#), "{metrics}");
+
+    // Back again: "a" is no swap of itself (nothing of it serves) and
+    // evicts "b" in turn.
+    lifecycle.resolve("a", None).await.unwrap();
+    let rows = index(&lifecycle);
+    assert_eq!(rows[0], row("a", "1", "READY", ""), "{rows:?}");
+    assert_eq!(rows[1].2, "UNAVAILABLE", "{rows:?}");
 }
 
 #[tokio::test]
@@ -397,9 +404,7 @@ async fn a_swap_that_does_not_fit_on_its_gpu_is_refused_or_unloads_first() {
     repo.add("m", &[2], &on_gpu(600, unload_first));
     lifecycle.load("m", LoadRequest::default()).await.unwrap();
     assert_eq!(loader.count(), loads + 1);
-    let rows = index(&lifecycle);
-    assert!(rows.contains(&row("m", "2", "READY", "")), "{rows:?}");
-    assert!(!rows.iter().any(|r| r.1 == "1" && r.2 == "READY"), "{rows:?}");
+    assert_eq!(index(&lifecycle), [row("m", "2", "READY", "")], "no trace of the unload but version 1 gone");
 
     // Without a limit, the device's own free memory (NVML's) counts.
     let repo = Repository::new();

@@ -49,10 +49,10 @@ impl GpuMetrics {
         for device in self.gpus.devices() {
             let Some(sample) = self.gpus.sample(device.index) else { continue };
             let labels = [device.uuid.as_str()];
-            self.utilization.with_label_values(&labels).set(sample.utilization);
             self.memory_total.with_label_values(&labels).set(sample.memory_total as f64);
             self.memory_used.with_label_values(&labels).set(sample.memory_used as f64);
             let optional = [
+                (&self.utilization, sample.utilization),
                 (&self.power_usage, sample.power_watts),
                 (&self.power_limit, sample.power_limit_watts),
                 (&self.energy, sample.energy_joules),

@@ -186,8 +186,10 @@ fn torch_gpus(_: &Runtimes) -> Result<usize, String> {
 /// the model's framework can use here (`gpus`, or why none). Without a
 /// group: one instance on each usable GPU, as Triton places a model whose
 /// configuration has no `instance_group`, else one CPU instance
-/// ([`REMOTE_INSTANCES`] for a remote model). KIND_AUTO and KIND_MODEL run
-/// on the GPUs when one is usable, else on the CPU; KIND_GPU runs `count`
+/// ([`REMOTE_INSTANCES`] for a remote model). KIND_AUTO runs on the GPUs
+/// when one is usable, else on the CPU; KIND_MODEL (where Triton lets the
+/// model place itself, which neither framework's files do) and KIND_CPU run
+/// on the CPU; KIND_GPU runs `count`
 /// instances on each of `gpus` (all GPUs when empty), and is refused rather
 /// than silently served on the CPU where no GPU can serve.
 fn placements(
@@ -213,8 +215,8 @@ fn placements(
         };
         let on_gpu = match group.kind() {
             Kind::Gpu => true,
-            Kind::Auto | Kind::Model => usable > 0,
-            Kind::Cpu => false,
+            Kind::Auto => usable > 0,
+            Kind::Cpu | Kind::Model => false,
         };
         if !on_gpu {
             all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
