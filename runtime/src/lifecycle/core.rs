@@ -295,21 +295,11 @@ impl Core {
         if changed.is_empty() {
             return Ok(());
         }
-        // Room is made before loading for a model whose footprint is known.
-        // An unknown one loads first and is measured (the budget is exceeded
-        // by at most its size meanwhile), so that a model too large for the
-        // whole budget never evicts anything.
-        let swap = self.room_to_swap(name, &config, record).await;
-        let room = swap.and_then(|unloaded| {
-            match self.residency.known_footprint(name) {
-                Some(known) => self.make_room(name, &known),
-                None => self.residency.check_fits(
-                    name,
-                    &Footprint::host(changed.iter().map(|(v, _)| files.versions[v].bytes()).sum()),
-                ),
-            }
-            .map(|()| unloaded)
-        });
+        // A swap that does not fit on its GPU is settled first, so that a
+        // refused one evicts nothing.
+        let unloaded = self.room_to_swap(name, &config, record).await;
+        let new_bytes = changed.iter().map(|(v, _)| files.versions[v].bytes()).sum();
+        let room = unloaded.and_then(|unloaded| self.room_to_load(name, new_bytes).map(|()| unloaded));
         let unloaded = room.map_err(|reason| {
             self.registry.fail_model(name, &reason);
             LoadError::NoRoom(reason)
@@ -341,6 +331,21 @@ impl Core {
         let pinned = config::parameter(&config, PINNED_PARAMETER) == Some("true");
         self.settle(name, record.footprint(), pinned).map_err(LoadError::Failed)?;
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
+    }
+
+    /// Room for loading `name`, whose new version files hold `new_bytes`.
+    /// Room is made before loading for a model whose footprint is known.
+    /// An unknown one loads first and is measured (the budget is exceeded
+    /// by at most its size meanwhile), so that a model too large for the
+    /// whole budget never evicts anything.
+    ///
+    /// # Errors
+    /// As [`Core::make_room`] and [`Residency::check_fits`].
+    fn room_to_load(&self, name: &str, new_bytes: u64) -> Result<(), String> {
+        match self.residency.known_footprint(name) {
+            Some(known) => self.make_room(name, &known),
+            None => self.residency.check_fits(name, &Footprint::host(new_bytes)),
+        }
     }
 
     /// Whether a new version of `name` fits on its GPUs beside the versions
