@@ -286,6 +286,10 @@ impl ServeArgs {
                 "--model-control-mode=modelmesh needs gRPC: ModelMesh calls mmesh.ModelRuntime on --grpc-port".into()
             );
         }
+        let mut limited = std::collections::BTreeSet::new();
+        if let Some((gpu, _)) = self.model_load_gpu_limits.iter().find(|(gpu, _)| !limited.insert(*gpu)) {
+            return Err(format!("--model-load-gpu-limit is given twice for GPU {gpu}"));
+        }
         if mesh && self.max_loaded_models.is_some() {
             return Err("--max-loaded-models does not apply in modelmesh mode: ModelMesh counts by bytes".into());
         }

@@ -148,13 +148,59 @@ impl Residency {
     ///
     /// # Errors
     /// A message with both sizes when `need` exceeds a whole budget
-    /// (nothing is evicted), or, under [`Admission::RefuseWhenFull`], the
-    /// room that is left.
+    /// (nothing is evicted), when pinned models leave too little room even
+    /// with every other one evicted, or, under
+    /// [`Admission::RefuseWhenFull`], the room that is left.
     pub fn make_room(&self, name: &str, need: &Footprint, busy: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
         self.check_fits(name, need)?;
         match self.admission {
-            Admission::EvictLeastRecentlyUsed => Ok(self.victims(name, need, busy)),
+            Admission::EvictLeastRecentlyUsed => {
+                let victims = self.victims(name, need, busy);
+                self.check_pinned(name, need, &victims)?;
+                Ok(victims)
+            }
             Admission::RefuseWhenFull => self.check_free(name, need).map(|()| Vec::new()),
+        }
+    }
+
+    /// Whether `need` for `name` fits every budget once `victims` are
+    /// gone. [`Residency::victims`] falls short only when what is left is
+    /// pinned (or frees nothing an exceeded budget counts).
+    ///
+    /// # Errors
+    /// A message naming the flag whose budget the pinned models fill.
+    fn check_pinned(&self, name: &str, need: &Footprint, victims: &[String]) -> Result<(), String> {
+        let (mut total, mut count) = (need.clone(), 1);
+        {
+            let mut state = self.state.lock().expect("residency lock");
+            for (_, resident) in state.lru().iter().filter(|(n, _)| *n != name && !victims.contains(n)) {
+                total.add(&resident.footprint);
+                count += 1;
+            }
+        }
+        let held = |bytes: u64, own: u64| human(bytes.saturating_sub(own));
+        match (self.exceeded(&total).first(), self.budget.models) {
+            (Some(None), _) => Err(format!(
+                "model '{name}' needs {} but pinned models hold {} of the {} --model-memory-budget",
+                human(need.host),
+                held(total.host, need.host),
+                human(self.budget.bytes.unwrap_or(0))
+            )),
+            (Some(&Some(device)), _) => {
+                let wanted = need.devices.get(&device).copied().unwrap_or(0);
+                Err(format!(
+                    "model '{name}' needs {} on GPU {device} but pinned models hold {} of the {} \
+                     --model-load-gpu-limit there",
+                    human(wanted),
+                    held(total.devices.get(&device).copied().unwrap_or(0), wanted),
+                    human(self.budget.gpu.get(&device).copied().unwrap_or(0))
+                ))
+            }
+            (None, Some(models)) if count > models => Err(format!(
+                "model '{name}' cannot load: the {} resident models are pinned and --max-loaded-models is {models}",
+                count - 1
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -441,6 +487,25 @@ mod tests {
         mesh.admit("a", Footprint::host(10 * MIB), false);
         assert_eq!(mesh.make_room("b", &Footprint::host(15 * MIB), |_| false).unwrap(), Vec::<String>::new());
         assert!(mesh.make_room("b", &Footprint::host(16 * MIB), |_| false).unwrap_err().contains("only 15.0 MiB"));
+    }
+
+    #[test]
+    fn pinned_models_that_fill_a_budget_refuse_the_load() {
+        let r = manager(25 * MIB);
+        r.admit("kept", Footprint::host(20 * MIB), true);
+        r.admit("other", Footprint::host(3 * MIB), false);
+        assert_eq!(r.make_room("new", &Footprint::host(5 * MIB), |_| false).unwrap(), ["other"]);
+        let refused = r.make_room("new", &Footprint::host(6 * MIB), |_| false).unwrap_err();
+        assert!(refused.contains("pinned models hold 20.0 MiB of the 25.0 MiB --model-memory-budget"), "{refused}");
+
+        let gpu = Residency::new(Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
+        gpu.admit("kept", on_gpus(MIB, &[(0, 8 * MIB)]), true);
+        let refused = gpu.make_room("new", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false).unwrap_err();
+        assert!(refused.contains("4.0 MiB on GPU 0 but pinned models hold 8.0 MiB"), "{refused}");
+
+        let counted = Residency::new(Budget { models: Some(1), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
+        counted.admit("kept", Footprint::host(1), true);
+        assert!(counted.make_room("new", &Footprint::host(1), |_| false).unwrap_err().contains("--max-loaded-models is 1"));
     }
 
     #[test]

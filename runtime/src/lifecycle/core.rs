@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use super::LoadLimits;
 use super::ensemble::{self, StepLabels};
@@ -351,27 +351,62 @@ impl Core {
     /// Whether a new version of `name` fits on its GPUs beside the versions
     /// serving (a hot swap keeps them until the new one is READY), counting
     /// it as large as they are together: within `--model-load-gpu-limit`
-    /// and within the memory NVML says is free on the device. Where it does
-    /// not, [`SwapPolicy`] decides: refused, or the versions serving are
-    /// unloaded first. Loading anyway could run the device out of memory
-    /// in the middle of the swap.
+    /// and within the memory NVML says is free on the device. Only GPUs the
+    /// new configuration may use are checked (a move to the CPU needs no
+    /// room there; a GPU the model never used is measured at load, as a
+    /// first load is). Where it does not fit, [`SwapPolicy`] decides:
+    /// refused, or the versions serving are unloaded first. Loading anyway
+    /// could run the device out of memory in the middle of the swap.
     ///
     /// Returns whether it unloaded them, once their memory was handed back
     /// (requests in flight on them finish first; at most the load timeout).
     ///
     /// # Errors
     /// Under [`SwapPolicy::Refuse`], a message naming the GPU, both sizes
-    /// and the parameter that allows unloading first; a bad policy value.
+    /// and the parameter that allows unloading first; under
+    /// [`SwapPolicy::UnloadFirst`], when requests still hold the old
+    /// versions at the load timeout or the GPU is still short of room; a
+    /// bad policy value.
     async fn room_to_swap(&self, name: &str, config: &ModelConfig, record: &mut ModelRecord) -> Result<bool, String> {
         let serving = record.footprint();
-        if serving.devices.values().all(|&b| b == 0) {
+        let wanted: BTreeMap<u32, u64> = serving
+            .devices
+            .iter()
+            .filter(|&(&gpu, &bytes)| bytes > 0 && crate::model::may_use_gpu(config, gpu))
+            .map(|(&gpu, &bytes)| (gpu, bytes))
+            .collect();
+        if wanted.is_empty() {
             return Ok(false);
         }
         let policy = SwapPolicy::of(config)?;
         // Device memory only: the host budget is settled after the load.
-        let both = Footprint { host: 0, devices: serving.devices.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
+        let both = Footprint { host: 0, devices: wanted.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
         let budget = self.residency.check_free_on_gpus(name, &both).err();
-        let device = serving.devices.iter().find_map(|(&gpu, &bytes)| {
+        let Some(reason) = budget.or_else(|| self.short_of_device_memory(&wanted)) else { return Ok(false) };
+        match policy {
+            SwapPolicy::Refuse => Err(format!(
+                "model '{name}': a new version does not fit beside the one serving ({serving}): {reason}; the version serving \
+                 keeps serving (parameter '{GPU_SWAP_PARAMETER}: unload_first' unloads it first, at the cost of \
+                 503s until the new one is READY)"
+            )),
+            SwapPolicy::UnloadFirst => {
+                tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap ({GPU_SWAP_PARAMETER})");
+                let old = self.registry.make_way(name);
+                self.forget_residency(name);
+                record.loaded.clear();
+                self.hand_back(old).await.map_err(|e| format!("model '{name}': {e}"))?;
+                match self.short_of_device_memory(&wanted) {
+                    None => Ok(true),
+                    Some(reason) => Err(format!("model '{name}': the versions serving were unloaded, but {reason}")),
+                }
+            }
+        }
+    }
+
+    /// The first GPU of `wanted` (bytes by GPU index) where NVML reports
+    /// less memory free than wanted there, as a message with both sizes.
+    fn short_of_device_memory(&self, wanted: &BTreeMap<u32, u64>) -> Option<String> {
+        wanted.iter().find_map(|(&gpu, &bytes)| {
             let free = self.loader.gpu_free_bytes(gpu)?;
             (bytes > free).then(|| {
                 format!(
@@ -380,31 +415,32 @@ impl Core {
                     residency::human(bytes)
                 )
             })
-        });
-        let Some(reason) = budget.or(device) else { return Ok(false) };
-        match policy {
-            SwapPolicy::Refuse => Err(format!(
-                "model '{name}': a new version does not fit beside the one serving ({serving}): {reason}; the \
-                 version serving keeps serving (parameter '{GPU_SWAP_PARAMETER}: unload_first' unloads it first, \
-                 at the cost of 503s until the new one is READY)"
-            )),
-            SwapPolicy::UnloadFirst => {
-                tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap ({GPU_SWAP_PARAMETER})");
-                let old: Vec<Weak<Model>> = self.registry.make_way(name).iter().map(Arc::downgrade).collect();
-                self.forget_residency(name);
-                record.loaded.clear();
-                let gone = async {
-                    while old.iter().any(|m| m.strong_count() > 0) {
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    }
-                };
-                if tokio::time::timeout(self.limits.timeout, gone).await.is_err() {
-                    tracing::warn!(model = %name, "the versions unloaded for the swap still run requests; loading anyway");
-                }
-                residency::release_freed_memory();
-                Ok(true)
+        })
+    }
+
+    /// Waits until `old`, taken out of the registry, is used by no request
+    /// (at most the load timeout), then drops it here, so that its
+    /// sessions and modules are destroyed, and their device memory handed
+    /// back, before this returns.
+    ///
+    /// # Errors
+    /// When requests still hold a version at the timeout.
+    async fn hand_back(&self, old: Vec<Arc<Model>>) -> Result<(), String> {
+        let unused = async {
+            while old.iter().any(|m| Arc::strong_count(m) > 1) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
+        };
+        if tokio::time::timeout(self.limits.timeout, unused).await.is_err() {
+            return Err(format!(
+                "requests still run on the versions unloaded to make room after {:?} \
+                 (--model-load-timeout-secs); the new version was not loaded",
+                self.limits.timeout
+            ));
         }
+        tokio::task::spawn_blocking(move || drop(old)).await.map_err(|e| format!("unloading panicked: {e}"))?;
+        residency::release_freed_memory();
+        Ok(())
     }
 
     /// The GPUs `name` held memory on when last loaded.

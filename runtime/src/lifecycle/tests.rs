@@ -416,6 +416,17 @@ async fn a_swap_that_does_not_fit_on_its_gpu_is_refused_or_unloads_first() {
     let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();
     assert!(refused.message().contains("GPU 0 has 0.0 MiB free"), "{refused:?}");
     assert_eq!(loader.count(), 1, "nothing was loaded");
+    // Unloading first does not help when something else holds the memory.
+    let unload_first = r#"parameters { key: "gpu_swap_policy" value: { string_value: "unload_first" } }"#;
+    repo.add("n", &[2], &on_gpu(600, unload_first));
+    let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();
+    assert!(refused.message().contains("the versions serving were unloaded, but GPU 0 has"), "{refused:?}");
+    assert_eq!(loader.count(), 1, "nothing was loaded");
+    // A version moved to the CPU needs no room on the GPU.
+    repo.add("n", &[2], r#"instance_group [{ kind: KIND_CPU }]"#);
+    lifecycle.load("n", LoadRequest::default()).await.unwrap();
+    assert_eq!(index(&lifecycle), [row("n", "2", "READY", "")]);
+    assert_eq!(loader.count(), 2);
     let bad = r#"parameters { key: "gpu_swap_policy" value: { string_value: "sometimes" } }"#;
     repo.add("n", &[2], &on_gpu(600, bad));
     let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();

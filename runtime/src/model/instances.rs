@@ -182,6 +182,18 @@ fn torch_gpus(_: &Runtimes) -> Result<usize, String> {
     Err("this Plinth was built without the cargo feature 'libtorch'".to_owned())
 }
 
+/// Whether `config` may put an instance on GPU `gpu` on some machine: it
+/// has no `instance_group` (an instance on each usable GPU), or a KIND_GPU
+/// or KIND_AUTO group whose `gpus` is empty or names it. A hot swap checks
+/// for room only on the GPUs the new version may use.
+pub fn may_use_gpu(config: &ModelConfig, gpu: u32) -> bool {
+    let names = |group: &crate::config::proto::ModelInstanceGroup| {
+        group.gpus.is_empty() || group.gpus.iter().any(|&g| u32::try_from(g) == Ok(gpu))
+    };
+    config.instance_group.is_empty()
+        || config.instance_group.iter().any(|group| matches!(group.kind(), Kind::Gpu | Kind::Auto) && names(group))
+}
+
 /// Where each instance `instance_group` asks for runs, given how many GPUs
 /// the model's framework can use here (`gpus`, or why none). Without a
 /// group: one instance on each usable GPU, as Triton places a model whose
@@ -316,6 +328,9 @@ mod tests {
         let every = config("");
         assert_eq!(placements(&every, BackendKind::OnnxRuntime, &two).unwrap(), [Placement::Gpu(0), Placement::Gpu(1)]);
         assert_eq!(placements(&every, BackendKind::OnnxRuntime, &none).unwrap(), [Placement::Cpu]);
+        assert!(may_use_gpu(&gpu, 1) && !may_use_gpu(&gpu, 0));
+        assert!(may_use_gpu(&every, 3) && may_use_gpu(&auto, 0));
+        assert!(!may_use_gpu(&config(r#"instance_group [{ kind: KIND_CPU }]"#), 0), "moving to the CPU needs no GPU room");
         let huge = config(r#"instance_group [{ count: 1000000 }]"#);
         assert!(placements(&huge, BackendKind::OnnxRuntime, &none).unwrap_err().contains("more than 128"));
     }

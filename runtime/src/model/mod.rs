@@ -33,6 +33,7 @@ use crate::trace::Span;
 pub use cache::ResponseCache;
 pub use check::check_inputs;
 pub use ensemble::{Ensemble, Step};
+pub use instances::may_use_gpu;
 pub use outputs::OutputRequest;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.

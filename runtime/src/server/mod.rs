@@ -170,7 +170,8 @@ fn start_service(opts: &ServeOptions) -> Result<Service, String> {
 /// `--model-load-gpu-limit`'s fractions as bytes of each GPU's memory.
 ///
 /// # Errors
-/// A message naming the flag for a GPU NVML does not list.
+/// A message naming the flag for a GPU NVML does not list or whose memory
+/// it cannot read.
 fn gpu_budget(limits: &[(u32, f64)], gpus: &crate::gpu::Gpus) -> Result<BTreeMap<u32, u64>, String> {
     limits
         .iter()
@@ -179,6 +180,9 @@ fn gpu_budget(limits: &[(u32, f64)], gpus: &crate::gpu::Gpus) -> Result<BTreeMap
                 let why = gpus.absence().map_or_else(|| format!("NVML lists {}", gpus.count()), str::to_owned);
                 format!("--model-load-gpu-limit names GPU {index}, which does not exist ({why})")
             })?;
+            if device.memory_total == 0 {
+                return Err(format!("--model-load-gpu-limit names GPU {index}, whose memory NVML cannot read"));
+            }
             Ok((index, (device.memory_total as f64 * fraction) as u64))
         })
         .collect()
