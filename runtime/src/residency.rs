@@ -498,14 +498,20 @@ mod tests {
         let refused = r.make_room("new", &Footprint::host(6 * MIB), |_| false).unwrap_err();
         assert!(refused.contains("pinned models hold 20.0 MiB of the 25.0 MiB --model-memory-budget"), "{refused}");
 
-        let gpu = Residency::new(Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
+        let gpu = Residency::new(
+            Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() },
+            Admission::EvictLeastRecentlyUsed,
+        );
         gpu.admit("kept", on_gpus(MIB, &[(0, 8 * MIB)]), true);
         let refused = gpu.make_room("new", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false).unwrap_err();
         assert!(refused.contains("4.0 MiB on GPU 0 but pinned models hold 8.0 MiB"), "{refused}");
 
-        let counted = Residency::new(Budget { models: Some(1), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
+        let counted =
+            Residency::new(Budget { models: Some(1), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
         counted.admit("kept", Footprint::host(1), true);
-        assert!(counted.make_room("new", &Footprint::host(1), |_| false).unwrap_err().contains("--max-loaded-models is 1"));
+        assert!(
+            counted.make_room("new", &Footprint::host(1), |_| false).unwrap_err().contains("--max-loaded-models is 1")
+        );
     }
 
     #[test]

@@ -135,7 +135,8 @@ fn a_gpu_limit_for_a_gpu_that_does_not_exist_stops_the_server() {
 
     let bad = Command::new(binary()).args(["serve", "--model-load-gpu-limit", "0:1.5"]).output().unwrap();
     assert!(String::from_utf8_lossy(&bad.stderr).contains("'1.5' is not a fraction"), "{bad:?}");
-    let twice = ["serve", "--model-repository", ".", "--model-load-gpu-limit", "0:0.5", "--model-load-gpu-limit", "0:0.8"];
+    let twice =
+        ["serve", "--model-repository", ".", "--model-load-gpu-limit", "0:0.5", "--model-load-gpu-limit", "0:0.8"];
     let twice = Command::new(binary()).args(twice).output().unwrap();
     let stderr = String::from_utf8_lossy(&twice.stderr);
     assert!(!twice.status.success() && stderr.contains("--model-load-gpu-limit is given twice for GPU 0"), "{stderr}");

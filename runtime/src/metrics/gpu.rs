@@ -46,12 +46,19 @@ impl GpuMetrics {
             energy: register(
                 registry,
                 CounterVec::new(
-                    Opts::new("nv_energy_consumption", "GPU energy consumption since the server started, in joules (NVML)"),
+                    Opts::new(
+                        "nv_energy_consumption",
+                        "GPU energy consumption since the server started, in joules (NVML)",
+                    ),
                     &["gpu_uuid"],
                 )
                 .expect("valid metric"),
             ),
-            energy_at_start: gpus.devices().iter().map(|d| gpus.sample(d.index).and_then(|s| s.energy_joules)).collect(),
+            energy_at_start: gpus
+                .devices()
+                .iter()
+                .map(|d| gpus.sample(d.index).and_then(|s| s.energy_joules))
+                .collect(),
             gpus,
         })
     }

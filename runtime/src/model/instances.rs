@@ -330,7 +330,10 @@ mod tests {
         assert_eq!(placements(&every, BackendKind::OnnxRuntime, &none).unwrap(), [Placement::Cpu]);
         assert!(may_use_gpu(&gpu, 1) && !may_use_gpu(&gpu, 0));
         assert!(may_use_gpu(&every, 3) && may_use_gpu(&auto, 0));
-        assert!(!may_use_gpu(&config(r#"instance_group [{ kind: KIND_CPU }]"#), 0), "moving to the CPU needs no GPU room");
+        assert!(
+            !may_use_gpu(&config(r#"instance_group [{ kind: KIND_CPU }]"#), 0),
+            "moving to the CPU needs no GPU room"
+        );
         let huge = config(r#"instance_group [{ count: 1000000 }]"#);
         assert!(placements(&huge, BackendKind::OnnxRuntime, &none).unwrap_err().contains("more than 128"));
     }
