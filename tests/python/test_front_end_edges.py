@@ -95,7 +95,10 @@ def test_a_uri_too_long_is_a_414_saying_why(server):
 def test_too_many_or_too_large_headers_are_a_431_saying_why(server):
     many = b"".join(b"X-%d: y\r\n" % i for i in range(101))
     large = b"X-Large: " + b"y" * 500_000 + b"\r\n"
-    for headers in (many, large):
+    # Just over hyper's 417792 bytes: hyper alone would sometimes serve it
+    # (hyperium/hyper#4081); the listener keeps the limit exact.
+    just_over = b"X-Large: " + b"y" * 417_800 + b"\r\n"
+    for headers in (many, large, just_over):
         status, message = error_of(*only_answer(server, b"GET /v2 HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"))
         assert (status, message) == (
             431, "the request has more than 100 headers, or more than 417792 bytes of request line and headers")

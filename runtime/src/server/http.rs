@@ -226,6 +226,59 @@ const HYPER_MAX_HEADERS: usize = 100;
 /// hyper's read buffer, which the request line and headers must fit.
 const HYPER_MAX_HEAD: usize = 8192 + 4096 * 100;
 
+/// Keeps a request head within [`HYPER_MAX_HEAD`] bytes as hyper reads it.
+/// hyper checks its limit only between reads, and a read may fill its
+/// buffer past the limit (it reads into all the spare room it reserved,
+/// hyperium/hyper#4081, still so in 1.13): a head that completes within
+/// that read is then served, however large, instead of answered 431. So
+/// `listeners` caps each read of a head at the bytes left under the limit;
+/// a head that has not ended by then leaves hyper's buffer full, and hyper
+/// answers 431. A head ends at the first blank line (`\r\n\r\n`); the next
+/// one starts when an answer is written. Bodies are read uncapped.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HeadLimit {
+    /// Bytes of the current head read so far; `None` while reading a body.
+    read: Option<usize>,
+    /// How much of `\r\n\r\n` the last bytes read match (0 to 3).
+    matched: u8,
+}
+
+impl HeadLimit {
+    /// A connection's limit: its first bytes are a head.
+    pub(super) fn new() -> HeadLimit {
+        HeadLimit { read: Some(0), matched: 0 }
+    }
+
+    /// The most bytes the next read may take; `None` for no limit (a body,
+    /// or a head already at the limit, which hyper refuses).
+    pub(super) fn cap(&self) -> Option<usize> {
+        self.read.filter(|&read| read < HYPER_MAX_HEAD).map(|read| HYPER_MAX_HEAD - read)
+    }
+
+    /// Counts `bytes`, just read.
+    pub(super) fn read(&mut self, bytes: &[u8]) {
+        let Some(read) = self.read else { return };
+        for &byte in bytes {
+            self.matched = match (self.matched, byte) {
+                (0 | 2, b'\r') | (1 | 3, b'\n') => self.matched + 1,
+                (_, b'\r') => 1,
+                _ => 0,
+            };
+            if self.matched == 4 {
+                (self.read, self.matched) = (None, 0);
+                return;
+            }
+        }
+        self.read = Some(read + bytes.len());
+    }
+
+    /// An answer is being written: what is read next is a new head (a
+    /// head read ahead of it, pipelined, is counted from here on only).
+    pub(super) fn answering(&mut self) {
+        *self = HeadLimit::new();
+    }
+}
+
 /// hyper answers a request it cannot parse (malformed: 400; URI too long:
 /// 414; headers too many or too large: 431) itself, before any service of
 /// ours runs, with an empty body, and has no hook to change that answer

@@ -492,11 +492,14 @@ pub(super) struct Conn {
     replacement: Option<(Vec<u8>, usize)>,
     /// While closing: when to stop discarding what the client sends.
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// HTTP: keeps each request head within hyper's limit.
+    head: Option<super::http::HeadLimit>,
 }
 
 impl Conn {
     fn new(stream: TcpStream, fresh: Arc<Accepted>, explain: bool) -> Conn {
-        Conn { stream, fresh: Some(fresh), explain, replacement: None, linger: None }
+        let head = explain.then(super::http::HeadLimit::new);
+        Conn { stream, fresh: Some(fresh), explain, replacement: None, linger: None, head }
     }
 
     /// Whether `written`, hyper's next write, is one of its bodyless error
@@ -536,7 +539,24 @@ impl Drop for Conn {
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let read = ready!(Pin::new(&mut self.stream).poll_read(cx, buf));
+        let cap = self.head.and_then(|h| h.cap()).filter(|&cap| cap < buf.remaining());
+        let before = buf.filled().len();
+        let read = match cap {
+            None => ready!(Pin::new(&mut self.stream).poll_read(cx, buf)),
+            Some(cap) => {
+                let mut capped = buf.take(cap);
+                let read = ready!(Pin::new(&mut self.stream).poll_read(cx, &mut capped));
+                let n = capped.filled().len();
+                // SAFETY: the stream filled (so initialised) the first `n`
+                // bytes of `buf`'s unfilled part, through `capped`.
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                read
+            }
+        };
+        if let Some(head) = &mut self.head {
+            head.read(&buf.filled()[before..]);
+        }
         if let Some(accepted) = self.fresh.take() {
             accepted.read_from();
         }
@@ -546,6 +566,9 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(head) = &mut self.head {
+            head.answering();
+        }
         if self.replaces(buf) {
             ready!(self.poll_replacement(cx))?;
             return Poll::Ready(Ok(buf.len()));
@@ -560,6 +583,9 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         // hyper writes an answer's head as the first buffer, and its
         // automatic answers as a head alone.
+        if let Some(head) = &mut self.head {
+            head.answering();
+        }
         let total = bufs.iter().map(|b| b.len()).sum();
         let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
         if (first.len() == total && self.replaces(first)) || self.replacement.is_some() {

@@ -345,3 +345,21 @@ async fn openai_routes_list_only_the_models_that_opt_in_and_answer_errors_in_ope
     assert_eq!(body["error"]["type"], json!("server_error"), "{body}");
     assert!(body["error"]["message"].is_string(), "{body}");
 }
+
+#[test]
+fn a_request_head_is_read_no_further_than_hyper_s_limit() {
+    use super::http::HeadLimit;
+    let max = 8192 + 4096 * 100;
+    let mut head = HeadLimit::new();
+    assert_eq!(head.cap(), Some(max));
+    head.read(b"GET /v2 HTTP/1.1\r\nHost: x\r");
+    assert_eq!(head.cap(), Some(max - 26));
+    head.read(b"\n\r");
+    head.read(b"\n{\"body\": 1}");
+    assert_eq!(head.cap(), None, "a head ends at a blank line split across reads; the body is read uncapped");
+    head.answering();
+    head.read(&vec![b'y'; max]);
+    assert_eq!(head.cap(), None, "at the limit hyper refuses the head by itself");
+    head.answering();
+    assert_eq!(head.cap(), Some(max));
+}
