@@ -543,6 +543,8 @@ impl Core {
         self.residency.admit(name, footprint.clone(), pinned_by_config);
         if let Err(reason) = self.make_room(name, &footprint) {
             self.take_out(name, &reason);
+            // The series of GPUs only the versions before it used go too.
+            self.metrics.residency.forget_footprint(name, previous.devices.keys().copied());
             return Err(reason);
         }
         let residency = &self.metrics.residency;
