@@ -21,7 +21,7 @@ version=0.12.8
 if ! inferno-flamegraph --version 2>/dev/null | grep -q " $version"; then
     cargo install inferno --locked --version "$version"
 fi
-export ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so
+export ORT_DYLIB_PATH=$root/.cache/onnxruntime/libonnxruntime.so
 
 work=$(mktemp -d)
 trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -39,7 +39,7 @@ def repository(work):
 def start(repo, cache):
     """Serves `repo` until start-up loading finishes; returns the seconds it
     took and each plugin's compile time in ms."""
-    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".venv/libonnxruntime.so"))
+    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
     started = time.monotonic()
     proc = subprocess.Popen(
         [BINARY, "serve", "--model-repository", repo, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",

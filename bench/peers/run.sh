@@ -28,9 +28,9 @@ seconds=${1:-5}
 cls_model=$root/model_repository/ocr_cls/1/model.onnx
 rec_model=$root/model_repository/ocr_rec/1/model.onnx
 line=$root/tests/fixtures/line_serif.png
-[[ -f $cls_model && -f $rec_model && -f model_repository/ocr_rec/ocr_rec.wasm && -f .venv/libonnxruntime.so ]] ||
+[[ -f $cls_model && -f $rec_model && -f model_repository/ocr_rec/ocr_rec.wasm && -f .cache/onnxruntime/libonnxruntime.so ]] ||
     { echo "run \`make setup\` first" >&2; exit 1; }
-export ORT_DYLIB_PATH=$root/.venv/libonnxruntime.so
+export ORT_DYLIB_PATH=$root/.cache/onnxruntime/libonnxruntime.so
 
 venv() {  # venv NAME PACKAGES...: a venv under .cache/bench, made again when its package list changes
     local dir=.cache/bench/$1; shift

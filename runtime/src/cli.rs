@@ -59,7 +59,7 @@ pub enum PluginCommand {
         /// Where to create the folder.
         #[arg(long, default_value = ".")]
         path: PathBuf,
-        /// Plinth's plugin-sdk folder (default: the one this binary was built from).
+        /// Plinth's plugin-sdk folder (default: the bundle's share/plinth/plugin-sdk, else the checkout the binary was built from).
         #[arg(long)]
         sdk: Option<PathBuf>,
     },

@@ -54,7 +54,7 @@ class Plinth:
         self.repository = repository and pathlib.Path(repository)
         repository_flags = ["--model-repository", str(repository)] if repository else []
         env = dict(os.environ)
-        env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".venv/libonnxruntime.so"))
+        env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
         self.plugin_cache = tempfile.TemporaryDirectory(prefix="plinth-plugins-")
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",

@@ -56,7 +56,7 @@ def broken_repo(tmp_path_factory):
 
 
 def test_plinth_check_names_every_mismatch(broken_repo):
-    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".venv/libonnxruntime.so"))
+    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
     result = subprocess.run([BINARY, "check", "--model-repository", broken_repo],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode != 0
@@ -69,7 +69,7 @@ def test_plinth_check_names_every_mismatch(broken_repo):
 
 
 def test_plinth_check_passes_the_example_repository():
-    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".venv/libonnxruntime.so"))
+    env = dict(os.environ, ORT_DYLIB_PATH=str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
     result = subprocess.run([BINARY, "check", "--model-repository", ROOT / "model_repository"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

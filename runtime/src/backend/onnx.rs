@@ -21,7 +21,7 @@ use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// How to get the ONNX Runtime library, for error messages.
-pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. .venv/libonnxruntime.so \
+pub const HINT: &str = "set ORT_DYLIB_PATH to the ONNX Runtime 1.31 library, e.g. .cache/onnxruntime/libonnxruntime.so \
     (`make setup` installs it), or run the bundle of `make dist`";
 
 /// The CUDA execution provider's library, which the GPU build of ONNX

@@ -242,6 +242,20 @@ pub fn parameter<'a>(config: &'a ModelConfig, key: &str) -> Option<&'a str> {
     config.parameters.get(key).map(|p| p.string_value.as_str())
 }
 
+/// Plinth's parameter saying where a model's files come from (a set-up
+/// step, a sync job), for when they are not there yet.
+pub const MISSING_FILES_HINT_PARAMETER: &str = "missing_files_hint";
+
+/// `reason`, a load failure because files are missing, followed by the
+/// model's [`MISSING_FILES_HINT_PARAMETER`] when it has one, so that the
+/// error says how to place them.
+pub fn with_missing_files_hint(config: &ModelConfig, reason: String) -> String {
+    match parameter(config, MISSING_FILES_HINT_PARAMETER) {
+        Some(hint) if !hint.is_empty() => format!("{reason}; {hint}"),
+        _ => reason,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use super::core::model_config;
 use crate::model::{Model, Runtimes};
-use crate::repository;
+use crate::{config, repository};
 
 /// Checks a repository without serving it: every configuration parses and
 /// passes Triton's validation rules (every problem of it listed, even when
@@ -24,8 +24,8 @@ pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result
         let available = repository::versions(&dir);
         let targets = repository::select_versions(config.version_policy.as_ref(), &available);
         if targets.is_empty() {
-            problems
-                .push(format!("model '{}': no version folder for its version_policy among {available:?}", dir.name));
+            let reason = format!("no version folder for its version_policy among {available:?}");
+            problems.push(format!("model '{}': {}", dir.name, config::with_missing_files_hint(&config, reason)));
         }
         for version in targets {
             if let Err(reason) = Model::load(&dir, version, &config, runtimes) {

@@ -275,8 +275,10 @@ impl Core {
         let available: Vec<u64> = files.versions.keys().copied().collect();
         let targets = repository::select_versions(config.version_policy.as_ref(), &available);
         if targets.is_empty() {
-            let reason =
-                format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)");
+            let reason = config::with_missing_files_hint(
+                &config,
+                format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)"),
+            );
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
         // Versions taken out since (evicted, refused room) serve no more.

@@ -267,7 +267,10 @@ impl Model {
                 let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);
                 let limits = rt.plugins.limits().for_model(&keys, parameter)?;
                 let metrics = rt.metrics.for_plugin(&dir.name, version);
-                Some(Arc::new(load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics)?))
+                let plugin = load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics);
+                let missing = !dir.path.join(file).exists();
+                let plugin = plugin.map_err(|e| if missing { config::with_missing_files_hint(config, e) } else { e });
+                Some(Arc::new(plugin?))
             }
         };
         let labels = outputs::load_labels(config, &dir.path)?;

@@ -1,15 +1,30 @@
-//! `plinth plugin new`: a plugin crate that builds as is, against this
-//! checkout's `plugin-sdk`.
+//! `plinth plugin new`: a plugin crate that builds as is, against the
+//! bundle's `plugin-sdk` (`share/plinth/plugin-sdk` beside `bin/`) or, for a
+//! binary run from a checkout, the checkout's.
 
 use std::path::{Path, PathBuf};
 
 /// Where `plugin-sdk` was when this binary was built.
 const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-sdk");
 
+/// The SDK the bundle (`make dist`) ships: `share/plinth/plugin-sdk` in
+/// the folder above the running binary's `bin/`.
+fn bundled_sdk() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let sdk = exe.parent()?.parent()?.join("share/plinth/plugin-sdk");
+    sdk.join("Cargo.toml").is_file().then_some(sdk)
+}
+
+/// The SDK `plinth plugin new` uses without `--sdk`: the bundle's, else
+/// the checkout this binary was built from.
+pub fn default_sdk() -> PathBuf {
+    bundled_sdk().unwrap_or_else(|| PathBuf::from(BUILT_SDK))
+}
+
 /// Creates the crate folder `parent/name`: `Cargo.toml`, `.cargo/config.toml`
 /// (target `wasm32-wasip2`) and a `src/lib.rs` plugin that feeds a JSON
 /// body's numbers to the model. `sdk` is the `plugin-sdk` folder (default:
-/// the one this binary was built from). Returns the crate's folder.
+/// [`default_sdk`]). Returns the crate's folder.
 ///
 /// # Errors
 /// A message when `name` is not a crate name (lower-case letters, digits,
@@ -23,7 +38,7 @@ pub fn new_crate(name: &str, parent: &Path, sdk: Option<&Path>) -> Result<PathBu
             "'{name}' is not a crate name: use lower-case letters, digits, '-' and '_', starting with a letter"
         ));
     }
-    let sdk = sdk.map_or_else(|| PathBuf::from(BUILT_SDK), Path::to_path_buf);
+    let sdk = sdk.map_or_else(default_sdk, Path::to_path_buf);
     let sdk =
         sdk.canonicalize().ok().filter(|p| p.join("Cargo.toml").is_file()).ok_or_else(|| {
             format!("no plugin-sdk at {}: pass --sdk PATH to Plinth's plugin-sdk folder", sdk.display())

@@ -1,0 +1,105 @@
+"""docs/plugins.md's walkthrough, run as a reader would from the bundle.
+
+The section "Your first plugin, from nothing" is executed as written: its
+```sh blocks, in order, as one bash script (so the server it starts in the
+background serves the later steps), and its ```LANG file=PATH blocks
+written to PATH first where the text puts them. Only the ports change (to
+free ones), and `plinth` is the bundle's (`scripts/dist.sh`), so the SDK
+that `plinth plugin new` uses is the bundle's, not the checkout's. Each
+command followed by a `# ...` line must print exactly that line.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import HANG_GUARD_S, ROOT
+
+SECTION = "## Your first plugin, from nothing"
+FENCE = re.compile(r"^```(\w+)(?: file=(\S+))?\n(.*?)^```\n", re.S | re.M)
+
+
+def walkthrough():
+    """The section's blocks, in order: ("sh", None, text) or (lang, path, text)."""
+    text = (ROOT / "docs/plugins.md").read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    section = text[start:end if end > 0 else len(text)]
+    return [(m[1], m[2], m[3]) for m in FENCE.finditer(section)]
+
+
+def commands(block):
+    """(command, expected output or None) for each command of a sh block,
+    with backslash-continued lines joined."""
+    lines, joined = block.splitlines(), []
+    for line in lines:
+        if joined and joined[-1][0].endswith("\\"):
+            joined[-1][0] = joined[-1][0][:-1] + " " + line.strip()
+        elif line.startswith("# ") and joined:
+            joined[-1][1] = line[2:]
+        elif line.strip():
+            joined.append([line, None])
+    return joined
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def script(blocks, ports):
+    """One bash script for the whole walkthrough; a command with an expected
+    answer is framed by markers so its output can be found afterwards."""
+    out, expected = ["set -euo pipefail"], []
+    for lang, path, text in blocks:
+        if path:
+            out.append(f"mkdir -p \"$(dirname {path})\"\ncat > {path} <<'PLINTH_DOC_EOF'\n{text}PLINTH_DOC_EOF")
+            continue
+        for command, answer in commands(text):
+            for doc_port, port in zip(("8000", "8001", "8002"), ports):
+                command = command.replace(doc_port, str(port))
+            if answer is None:
+                out.append(command)
+            else:
+                out.append(f"echo '<<<{len(expected)}'; {command}; echo; echo '>>>'")
+                expected.append((command, answer))
+    return "\n".join(out) + "\n", expected
+
+
+def test_the_plugin_walkthrough_adds_a_model_to_a_running_server():
+    if not (ROOT / "target/release/plinth").is_file() or not (ROOT / ".cache/libtorch/build-version").is_file():
+        pytest.skip("needs the release binary and libtorch: run `scripts/setup.sh models`")
+    blocks = walkthrough()
+    assert any(lang == "rust" for lang, _, _ in blocks), "the walkthrough writes a plugin"
+    with tempfile.TemporaryDirectory(prefix="plinth-walkthrough-") as work:
+        work = pathlib.Path(work)
+        subprocess.run([ROOT / "scripts/dist.sh", work / "plinth"], check=True, stdout=subprocess.DEVNULL)
+        bundle = work / "plinth"
+        text, expected = script(blocks, free_ports(3))
+        (work / "walkthrough.sh").write_text(text)
+        env = dict(os.environ, PATH=f"{bundle / 'bin'}:{os.environ['PATH']}",
+                   PLINTH_EXAMPLES=str(bundle / "share/plinth/examples"))
+        env.pop("ORT_DYLIB_PATH", None)
+        # Its own session, so that the server it starts stops with it.
+        run = subprocess.Popen(["bash", "walkthrough.sh"], cwd=work, env=env, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = run.communicate(timeout=HANG_GUARD_S * 5)
+        finally:
+            os.killpg(run.pid, signal.SIGTERM)
+        assert run.returncode == 0, output[-4000:]
+    for index, (command, answer) in enumerate(expected):
+        got = re.search(rf"^<<<{index}\n(.*?)\n>>>$", output, re.S | re.M)
+        assert got, f"{command}: no output\n{output[-4000:]}"
+        assert got[1].strip() == answer, f"{command}\nexpected {answer}\ngot      {got[1].strip()}"
