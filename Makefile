@@ -50,12 +50,18 @@ test: setup-test
 	cargo test --release --workspace --all-features --locked
 # The text-embedding plugin's own unit tests, natively (input forms, buckets, pooling).
 	cd plugins && cargo test --locked --target $$(rustc -vV | sed -n 's/^host: //p') -p text-embedding
+	RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p plinth-plugin-sdk
 	.venv/bin/python -m pytest -q tests/python
 
 # The self-contained bundle: dist/plinth/ and dist/plinth-VERSION-x86_64-linux.tar.gz
 # (binary, ONNX Runtime, libtorch, the plugin SDK, licences).
 dist: setup-models
 	scripts/dist.sh dist/plinth --tarball
+
+# The container image (an OCI layout in dist/image) from the bundle; it prints
+# the image's name and how to push it. IMAGE=registry/plinth:TAG names it.
+image: dist
+	scripts/image.sh dist/plinth dist/image
 
 # Benchmarks (bench/): /predict against the same pipeline in Python, latency
 # and failures while versions are swapped under load, residency, and the

@@ -20,17 +20,17 @@ wheels=.cache/wheels
 
 # name|part|download size|what it places
 STEPS=(
-    "onnxruntime|serve|17 MB|ONNX Runtime 1.31.1's library, .cache/onnxruntime/libonnxruntime.so (from the onnxruntime wheel)"
+    "onnxruntime|serve|24 MB|ONNX Runtime 1.31.1's library, .cache/onnxruntime/libonnxruntime.so (from the onnxruntime wheel)"
     "wasm-target|serve|30 MB|the Rust target wasm32-wasip2 that plugins are built for (rustup)"
-    "ocr-models|serve|14 MB|the PP-OCR detector, direction and recogniser in model_repository/{ocr,ocr_cls,ocr_rec} (rapidocr-onnxruntime wheel)"
-    "vad-model|serve|6 MB|Silero VAD in model_repository/vad (silero-vad wheel)"
-    "libtorch|models|560 MB|a slim libtorch 2.11.0 in .cache/libtorch, for the server's TorchScript backend (torch and two NVIDIA wheels)"
+    "ocr-models|serve|15 MB|the PP-OCR detector, direction and recogniser in model_repository/{ocr,ocr_cls,ocr_rec} (rapidocr-onnxruntime wheel)"
+    "vad-model|serve|11 MB|Silero VAD in model_repository/vad (silero-vad wheel)"
+    "libtorch|models|545 MB|a slim libtorch 2.11.0 in .cache/libtorch, for the server's TorchScript backend (torch and two NVIDIA wheels)"
     "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/"
     "samples|models|9 MB|scikit-learn's sample photos in .cache/samples (china.jpg, flower.jpg)"
-    "python-tools|test|350 MB|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
-    "debian-packages|test|250 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d (apt, as root)"
-    "perf-analyzer|test|600 MB|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
-    "kserve|test|250 MB|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
+    "python-tools|test|625 MB on disk|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
+    "debian-packages|test|250 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci (apt, as root)"
+    "perf-analyzer|test|260 MB on disk|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
+    "kserve|test|630 MB on disk|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
     "plugins|serve|crates|each set-up model's plugin (.wasm) in model_repository/, built for wasm32-wasip2"
     "server|serve|crates|target/release/plinth (with the libtorch feature once .cache/libtorch exists)"
 )
@@ -206,9 +206,10 @@ step_python_tools() {
 step_debian_packages() {
     # espeak-ng speaks the voice-activity test's audio; Chromium and
     # ChromeDriver show the status page to its browser test; wrk and nginx are
-    # bench/overhead.rs's load and static floor; perf_analyzer needs libb64.
+    # bench/overhead.rs's load and static floor; perf_analyzer needs libb64;
+    # umoci builds the container image for its test (scripts/image.sh).
     local missing=() package
-    for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light; do
+    for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light umoci; do
         dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
     done
     if [[ ${#missing[@]} == 0 ]]; then
