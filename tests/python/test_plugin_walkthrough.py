@@ -77,6 +77,14 @@ def script(blocks, ports):
     return "\n".join(out) + "\n", expected
 
 
+def stop(group):
+    """SIGTERM to what is left of the walkthrough's process group."""
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
 def test_the_plugin_walkthrough_adds_a_model_to_a_running_server():
     if not (ROOT / "target/release/plinth").is_file() or not (ROOT / ".cache/libtorch/build-version").is_file():
         pytest.skip("needs the release binary and libtorch: run `scripts/setup.sh models`")
@@ -91,13 +99,21 @@ def test_the_plugin_walkthrough_adds_a_model_to_a_running_server():
         env = dict(os.environ, PATH=f"{bundle / 'bin'}:{os.environ['PATH']}",
                    PLINTH_EXAMPLES=str(bundle / "share/plinth/examples"))
         env.pop("ORT_DYLIB_PATH", None)
-        # Its own session, so that the server it starts stops with it.
-        run = subprocess.Popen(["bash", "walkthrough.sh"], cwd=work, env=env, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            output, _ = run.communicate(timeout=HANG_GUARD_S * 5)
-        finally:
-            os.killpg(run.pid, signal.SIGTERM)
+        # Its own session, so that the server it starts in the background
+        # stops with it; output to a file, not a pipe, because that server
+        # keeps its copy of stdout open after the script ends.
+        log = work / "walkthrough.log"
+        with open(log, "w") as sink:
+            run = subprocess.Popen(["bash", "walkthrough.sh"], cwd=work, env=env, start_new_session=True,
+                                   stdout=sink, stderr=subprocess.STDOUT)
+            try:
+                run.wait(timeout=HANG_GUARD_S * 5)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                stop(run.pid)
+        output = log.read_text()
+        assert run.returncode is not None, f"the walkthrough hung; its output:\n{output[-4000:]}"
         assert run.returncode == 0, output[-4000:]
     for index, (command, answer) in enumerate(expected):
         got = re.search(rf"^<<<{index}\n(.*?)\n>>>$", output, re.S | re.M)
