@@ -329,7 +329,8 @@ pub fn binary() -> PathBuf {
 
 /// The ONNX Runtime library: `$ORT_DYLIB_PATH` or the one `make setup` links.
 pub fn ort_dylib_path() -> PathBuf {
-    std::env::var_os("ORT_DYLIB_PATH").map_or_else(|| root().join(".cache/onnxruntime/libonnxruntime.so"), PathBuf::from)
+    std::env::var_os("ORT_DYLIB_PATH")
+        .map_or_else(|| root().join(".cache/onnxruntime/libonnxruntime.so"), PathBuf::from)
 }
 
 fn client() -> reqwest::blocking::Client {
