@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 
 import pytest
 
@@ -46,8 +47,11 @@ def image():
     if missing:
         pytest.fail(f"{', '.join(missing)} missing: run `scripts/setup.sh --only debian-packages` "
                     f"(Debian's {' '.join(TOOLS[t] for t in missing)})")
-    work = tempfile.TemporaryDirectory(prefix="plinth-image-")
-    folder = pathlib.Path(work.name)
+    # podman names an `oci:PATH` image after PATH, which may then hold only
+    # lower-case letters, digits and separators: no random mixed-case suffix;
+    # short, since podman refuses a run root path over 50 characters.
+    folder = pathlib.Path(tempfile.gettempdir()) / f"plinth-image-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
     build = subprocess.run([ROOT / "scripts/dist.sh", folder / "plinth"], capture_output=True, text=True,
                            timeout=BUILD_GUARD_S)
     assert build.returncode == 0, f"scripts/dist.sh failed:\n{build.stdout}{build.stderr}"
@@ -56,7 +60,7 @@ def image():
     assert build.returncode == 0, f"scripts/image.sh failed:\n{build.stdout}{build.stderr}"
     assert f"skopeo copy oci:{folder / 'image'}:{TAG} docker://REGISTRY/plinth:{TAG}" in build.stdout, build.stdout
     yield folder / "image", folder
-    work.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def layout_config(layout):
