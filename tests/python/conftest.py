@@ -7,6 +7,7 @@ HANG_GUARD_S only turns a hang into a failure."""
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import tempfile
 import threading
@@ -25,6 +26,50 @@ def wait_until(what, condition):
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.02)
+
+
+def free_ports(count):
+    """`count` distinct free TCP ports on 127.0.0.1 (all bound at once, so
+    that none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class OutputLines:
+    """The lines a child process writes to `stream`, collected by a thread
+    of their own into `lines`; `wait_for` waits for one of them."""
+
+    def __init__(self, proc, stream, name):
+        self.proc, self.name, self.lines = proc, name, []
+        self.reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for(self, pattern, guard_s=HANG_GUARD_S):
+        """Waits for a line matching `pattern`; returns its first group (or
+        the line). RuntimeError if the process exits first, TimeoutError
+        after `guard_s`, each with the lines so far."""
+        deadline = time.monotonic() + guard_s
+        while time.monotonic() < deadline:
+            exited = self.proc.poll() is not None
+            if exited:
+                self.reader.join(timeout=HANG_GUARD_S)  # its last lines
+            for line in list(self.lines):
+                found = re.search(pattern, line)
+                if found:
+                    return found.group(1) if found.groups() else line
+            if exited:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{''.join(self.lines)}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not print {pattern!r}:\n{''.join(self.lines)}")
 
 
 def metric(server, family, model, version=1):
@@ -60,36 +105,20 @@ class Plinth:
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
              "--plugin-cache-dir", self.plugin_cache.name, *patient_plugins(extra), *repository_flags, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        self.log = []
-        threading.Thread(target=self._read_log, daemon=True).start()
-        metrics = self._wait_for(r'metrics listening on ([^\s"]+)')
+        self.output = OutputLines(self.proc, self.proc.stderr, "plinth")
+        self.log = self.output.lines
+        metrics = self.wait_for_log(r'metrics listening on ([^\s"]+)')
         self.metrics_url = f"127.0.0.1:{metrics.rsplit(':', 1)[1]}"
-        grpc = self._wait_for(r'gRPC server listening on ([^\s"]+)')
+        grpc = self.wait_for_log(r'gRPC server listening on ([^\s"]+)')
         self.grpc_url = f"127.0.0.1:{grpc.rsplit(':', 1)[1]}"
-        address = self._wait_for(r'HTTP server listening on ([^\s"]+)')
+        address = self.wait_for_log(r'HTTP server listening on ([^\s"]+)')
         self.url = f"127.0.0.1:{address.rsplit(':', 1)[1]}"
-        self._wait_for(r"start-up loading finished")
-
-    def _read_log(self):
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    def _wait_for(self, pattern):
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            for line in list(self.log):
-                found = re.search(pattern, line)
-                if found:
-                    return found.group(1) if found.groups() else line
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plinth exited with {self.proc.returncode}:\n{''.join(self.log)}")
-            time.sleep(0.05)
-        raise TimeoutError(f"plinth did not log {pattern!r}:\n{''.join(self.log)}")
+        self.wait_for_log(r"start-up loading finished")
 
     def wait_for_log(self, pattern):
         """Waits for a log line matching `pattern`; returns its first group
         (or the line)."""
-        return self._wait_for(pattern)
+        return self.output.wait_for(pattern)
 
     def stop(self):
         self.proc.terminate()

@@ -18,22 +18,20 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import threading
-import time
 import urllib.request
 import uuid
 
 import pytest
 
-from conftest import HANG_GUARD_S, ROOT
+from conftest import HANG_GUARD_S, ROOT, OutputLines
 
 BINARY = ROOT / "target/release/plinth"
 TAG = "test"
 # Copying 500 MB of bundle, compressing it and unpacking it into podman's
 # storage: minutes at worst on a loaded machine; only a hang should fail.
 BUILD_GUARD_S = 10 * HANG_GUARD_S
-# command -> the Debian package that installs it
-TOOLS = {"umoci": "umoci", "podman": "podman", "runc": "runc"}
+# Commands, each installed by the Debian package of its name.
+TOOLS = ["umoci", "podman", "runc"]
 
 pytestmark = pytest.mark.skipif(not BINARY.is_file(),
                                 reason=f"{BINARY} is missing: no bundle can be built (`make setup`)")
@@ -46,7 +44,7 @@ def image():
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         pytest.fail(f"{', '.join(missing)} missing: run `scripts/setup.sh --only debian-packages` "
-                    f"(Debian's {' '.join(TOOLS[t] for t in missing)})")
+                    f"(Debian's {' '.join(missing)})")
     # podman names an `oci:PATH` image after PATH, which may then hold only
     # lower-case letters, digits and separators: no random mixed-case suffix;
     # short, since podman refuses a run root path over 50 characters.
@@ -120,9 +118,8 @@ class Container:
              "--volume", f"{ROOT / 'model_repository'}:/models:ro", f"oci:{layout}:{TAG}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
-        self.log = []
-        self.reader = threading.Thread(target=self._read_log, daemon=True)
-        self.reader.start()
+        self.output = OutputLines(self.proc, self.proc.stdout, "podman run")
+        self.log = self.output.lines
 
     @staticmethod
     def _limit(which):
@@ -130,25 +127,9 @@ class Container:
         value = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
         return f"{value}:{value}"
 
-    def _read_log(self):
-        for line in self.proc.stdout:
-            self.log.append(line)
-
     def wait_for(self, pattern, guard_s=HANG_GUARD_S):
         """Waits for an output line matching `pattern`; its first group."""
-        deadline = time.monotonic() + guard_s
-        while time.monotonic() < deadline:
-            exited = self.proc.poll() is not None
-            if exited:
-                self.reader.join(timeout=HANG_GUARD_S)  # its last lines
-            for line in list(self.log):
-                found = re.search(pattern, line)
-                if found:
-                    return found.group(1) if found.groups() else line
-            if exited:
-                raise RuntimeError(f"podman run exited with {self.proc.returncode}:\n{''.join(self.log)}")
-            time.sleep(0.05)
-        raise TimeoutError(f"no output line matched {pattern!r}:\n{''.join(self.log)}")
+        return self.output.wait_for(pattern, guard_s)
 
     def podman_out(self, *args):
         result = subprocess.run([*self.podman, *args], capture_output=True, text=True, timeout=HANG_GUARD_S)

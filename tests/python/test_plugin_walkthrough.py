@@ -13,13 +13,12 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import tempfile
 
 import pytest
 
-from conftest import HANG_GUARD_S, ROOT
+from conftest import HANG_GUARD_S, ROOT, free_ports
 
 SECTION = "## Your first plugin, from nothing"
 FENCE = re.compile(r"^```(\w+)(?: file=(\S+))?\n(.*?)^```\n", re.S | re.M)
@@ -46,16 +45,6 @@ def commands(block):
         elif line.strip():
             joined.append([line, None])
     return joined
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def script(blocks, ports):

@@ -6,7 +6,6 @@ equal onnxruntime's, and a stopped peer gives a 503 naming it."""
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -16,17 +15,11 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from conftest import ROOT, Plinth
+from conftest import ROOT, Plinth, free_ports
 
 MODEL = ROOT / "model_repository/ocr_cls/1/model.onnx"
 KSERVE_PYTHON = ROOT / ".cache/bench/kserve/bin/python"
 OUTPUT = "save_infer_model/scale_0.tmp_1"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(url, body=None, content_type="application/json"):
@@ -41,9 +34,9 @@ def call(url, body=None, content_type="application/json"):
 @pytest.fixture
 def kserve():
     """The KServe model server on free ports; yields its base URL."""
-    http_port = free_port()
+    http_port, grpc_port = free_ports(2)
     proc = subprocess.Popen(
-        [KSERVE_PYTHON, ROOT / "bench/peers/kserve_server.py", MODEL, str(http_port), str(free_port())],
+        [KSERVE_PYTHON, ROOT / "bench/peers/kserve_server.py", MODEL, str(http_port), str(grpc_port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{http_port}"
     deadline = time.monotonic() + 60
