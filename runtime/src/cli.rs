@@ -28,9 +28,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve the models of one or more model repositories over HTTP.
     Serve(Box<ServeArgs>),
-    /// Check a model repository without serving it: every configuration
-    /// parses and matches its model, every plugin starts. Prints one line per
-    /// problem and exits non-zero if there is any.
+    /// Check a model repository without serving it: load every model as
+    /// `serve` does at start (configurations, model files, plugins, warm-up,
+    /// ensembles against their steps), then stop. Prints one line per model
+    /// or version that would not be READY and exits non-zero if there is any.
     Check(CheckArgs),
     /// Create or inspect plugins.
     #[command(subcommand)]

@@ -51,8 +51,11 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Check { file }) => finish(check_plugin(&file)),
         Command::Health { url, live } => finish(health(&url, live)),
         Command::Check(args) => {
-            let _ = Logging::init(0, LogFormat::Default);
-            match check(&args) {
+            // The problems are the output; the loads' log is there on request.
+            if std::env::var_os("RUST_LOG").is_some() {
+                let _ = Logging::init(0, LogFormat::Default);
+            }
+            match check(args) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => finish(Err(e)),
@@ -63,13 +66,14 @@ fn main() -> ExitCode {
 
 /// Runs `plinth check`: prints each problem on its own line; `Ok(true)` when
 /// there is none.
-fn check(args: &CheckArgs) -> Result<bool, String> {
+fn check(args: CheckArgs) -> Result<bool, String> {
     let mut runtimes =
         plinth::model::Runtimes::start(args.ort_dylib_path.as_deref(), plinth::plugin::PluginLimits::default(), None)?;
     // The cache is the server's (`--cache-config`); a model may use it
     // whatever its size, so a check gives the models an empty one.
     runtimes.response_cache = Some(std::sync::Arc::new(plinth::model::ResponseCache::new(0)));
-    let problems = plinth::lifecycle::check_repository(&args.model_repositories, &runtimes)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let problems = runtime.block_on(plinth::lifecycle::check_repository(args.model_repositories, runtimes))?;
     for problem in &problems {
         println!("{problem}");
     }

@@ -17,6 +17,12 @@ use super::proto::{self, ModelConfig, ModelDynamicBatching};
 /// The platform of ensemble models.
 pub const ENSEMBLE_PLATFORM: &str = "ensemble";
 
+/// What Plinth serves, as every message that refuses a platform or backend
+/// lists it; `PAIRS` and the two backends without a platform
+/// (`backend::BackendKind::of`) are its entries.
+pub const SERVED: &str = "platform 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend \
+                          'pytorch'), backend 'remote', backend 'identity', or platform 'ensemble'";
+
 /// The platforms Plinth serves and their backend names (Triton's pairs).
 const PAIRS: [(&str, &str); 2] = [("onnxruntime_onnx", "onnxruntime"), ("pytorch_libtorch", "pytorch")];
 
@@ -127,26 +133,20 @@ fn platform(config: &ModelConfig, p: &mut Problems) {
     if let Some(name) = [platform, backend].into_iter().find(|n| NOT_SHIPPED.contains(n)) {
         p.add(format!(
             "platform '{platform}' / backend '{backend}': Plinth does not ship Triton's '{name}' backend; it serves \
-             'onnxruntime_onnx', 'pytorch_libtorch', backends 'remote' and 'identity', and 'ensemble'"
+             {SERVED}"
         ));
         return;
     }
     if platform == ENSEMBLE_PLATFORM {
         p.check(backend.is_empty(), || {
-            format!("an ensemble has platform '{ENSEMBLE_PLATFORM}' and no 'backend', got backend '{backend}'")
+            format!("an ensemble must have platform type '{ENSEMBLE_PLATFORM}' and empty backend type, got backend '{backend}'")
         });
         return;
     }
     let known =
         |pair: &(&str, &str)| (platform.is_empty() || platform == pair.0) && (backend.is_empty() || backend == pair.1);
     let fine = (platform.is_empty() && matches!(backend, "" | "remote" | "identity")) || PAIRS.iter().any(known);
-    p.check(fine, || {
-        format!(
-            "platform '{platform}' / backend '{backend}' is not a pair Plinth serves: 'onnxruntime_onnx' \
-             (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), backend 'remote', backend \
-             'identity', or platform '{ENSEMBLE_PLATFORM}'"
-        )
-    });
+    p.check(fine, || format!("platform '{platform}' / backend '{backend}' is not a pair Plinth serves: {SERVED}"));
 }
 
 fn version_policy(config: &ModelConfig, p: &mut Problems) {
@@ -248,21 +248,22 @@ fn scheduling(config: &ModelConfig, p: &mut Problems) {
         Some(SchedulingChoice::SequenceBatching(_)) if is_ensemble => {
             p.add("an ensemble cannot have 'sequence_batching'; its steps that are sequence models have it")
         }
-        Some(SchedulingChoice::SequenceBatching(_)) => p.check(
-            !config.response_cache.as_ref().is_some_and(|c| c.enable),
-            || {
+        Some(SchedulingChoice::SequenceBatching(_)) => {
+            p.check(!config.response_cache.as_ref().is_some_and(|c| c.enable), || {
                 "'response_cache' cannot be enabled with 'sequence_batching': a sequence's answers depend on its state"
                     .to_owned()
-            },
-        ),
+            })
+        }
         Some(SchedulingChoice::EnsembleScheduling(_)) if !is_ensemble => p.add(format!(
-            "'ensemble_scheduling' is set on a model whose platform is '{}'; only platform '{ENSEMBLE_PLATFORM}' has steps",
+            "ensemble scheduling cannot be set for a model whose platform is '{}': only platform \
+             '{ENSEMBLE_PLATFORM}' has steps",
             config.platform
         )),
         Some(SchedulingChoice::EnsembleScheduling(scheduling)) => ensemble(config, scheduling, p),
-        None if is_ensemble => {
-            p.add(format!("an ensemble (platform '{ENSEMBLE_PLATFORM}') needs 'ensemble_scheduling' with its steps"))
-        }
+        None if is_ensemble => p.add(format!(
+            "ensemble scheduling must be set: an ensemble (platform '{ENSEMBLE_PLATFORM}') needs \
+                 'ensemble_scheduling' with its steps"
+        )),
         None => {}
     }
 }
@@ -285,14 +286,14 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
         "an ensemble's steps warm up in their models",
     );
     if scheduling.step.is_empty() {
-        p.add("an ensemble needs at least one 'step' in 'ensemble_scheduling'");
+        p.add("must specify 'step' for an ensemble: it needs at least one in 'ensemble_scheduling'");
         return;
     }
     let mut written: Vec<(&str, usize)> = Vec::new();
     for (i, step) in scheduling.step.iter().enumerate() {
-        p.check(!step.model_name.is_empty(), || format!("ensemble step {i} must name a 'model_name'"));
-        p.check(!step.input_map.is_empty(), || format!("ensemble step {i} must have an 'input_map'"));
-        p.check(!step.output_map.is_empty(), || format!("ensemble step {i} must have an 'output_map'"));
+        p.check(!step.model_name.is_empty(), || format!("must specify 'model_name' in ensemble step {i}"));
+        p.check(!step.input_map.is_empty(), || format!("must specify 'input_map' in ensemble step {i}"));
+        p.check(!step.output_map.is_empty(), || format!("must specify 'output_map' in ensemble step {i}"));
         p.check(step.model_version >= -1, || {
             format!(
                 "ensemble step {i}: 'model_version' must be -1 (the latest) or a version, got {}",
@@ -302,7 +303,7 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
         for tensor in step.output_map.values() {
             if let Some((_, first)) = written.iter().find(|(t, _)| t == tensor) {
                 p.add(format!(
-                    "ensemble tensor '{tensor}' is written by step {first} and again by step {i}; write each once"
+                    "ensemble tensor '{tensor}' can appear in an output map only once: step {first} and step {i} write it"
                 ));
             }
             written.push((tensor, i));
@@ -329,18 +330,18 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
     let read: HashSet<&str> = scheduling.step.iter().flat_map(|s| s.input_map.values().map(String::as_str)).collect();
     for input in &config.input {
         p.check(read.contains(input.name.as_str()), || {
-            format!("ensemble input '{}' is not read by any step", input.name)
+            format!("ensemble input '{}' is not used: no step reads it", input.name)
         });
     }
     let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
     for output in &config.output {
         p.check(written.iter().any(|(t, _)| *t == output.name), || {
-            format!("ensemble output '{}' is not written by any step", output.name)
+            format!("ensemble output '{}' is not written: no step writes it", output.name)
         });
     }
     for (tensor, i) in &written {
         p.check(read.contains(tensor) || outputs.contains(tensor), || {
-            format!("ensemble tensor '{tensor}' written by step {i} is neither read by a step nor an ensemble output")
+            format!("ensemble tensor '{tensor}' is unused: step {i} writes it, but no step reads it and it is no ensemble output")
         });
     }
 }
@@ -388,7 +389,9 @@ fn dynamic_batching(db: &ModelDynamicBatching, max_batch_size: i32, p: &mut Prob
 fn instance_groups(config: &ModelConfig, p: &mut Problems) {
     if config.platform == ENSEMBLE_PLATFORM {
         p.check(config.instance_group.is_empty(), || {
-            "an ensemble runs its steps' instances: 'instance_group' is for the models it calls".to_owned()
+            "instance group should not be specified for an ensemble: an ensemble runs its steps' instances; \
+             'instance_group' is for the models it calls"
+                .to_owned()
         });
         return;
     }
@@ -665,12 +668,12 @@ mod tests {
         let found = problems(bad);
         for expected in [
             "an ensemble runs its steps' instances",
-            "ensemble tensor 'MID' is written by step 0 and again by step 1",
+            "ensemble tensor 'MID' can appear in an output map only once: step 0 and step 1 write it",
             "ensemble step 1 (model 'b') can never run: its inputs [\"NOWHERE\"]",
-            "ensemble step 2 must name a 'model_name'",
-            "ensemble input 'SPARE' is not read by any step",
-            "ensemble output 'OUT' is not written by any step",
-            "ensemble tensor 'DROPPED' written by step 2 is neither read by a step nor an ensemble output",
+            "must specify 'model_name' in ensemble step 2",
+            "ensemble input 'SPARE' is not used: no step reads it",
+            "ensemble output 'OUT' is not written: no step writes it",
+            "ensemble tensor 'DROPPED' is unused: step 2 writes it, but no step reads it and it is no ensemble output",
         ] {
             assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
         }
@@ -682,7 +685,9 @@ mod tests {
         assert!(found[0].contains("Plinth does not ship Triton's 'python' backend"), "{found:?}");
         let ensemble = problems(r#"platform: "ensemble" backend: "onnxruntime""#);
         assert!(
-            ensemble.iter().any(|f| f.contains("an ensemble has platform 'ensemble' and no 'backend'")),
+            ensemble
+                .iter()
+                .any(|f| f.contains("an ensemble must have platform type 'ensemble' and empty backend type")),
             "{ensemble:?}"
         );
         assert!(ensemble.iter().any(|f| f.contains("needs 'ensemble_scheduling'")), "{ensemble:?}");

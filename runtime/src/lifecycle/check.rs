@@ -1,37 +1,42 @@
-//! `plinth check`: validating a repository without serving it.
+//! `plinth check`: the start-up of `plinth serve` in mode `none`, without
+//! listeners, so that a repository it passes is one `serve` loads in full.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::core::model_config;
-use crate::model::{Model, Runtimes};
-use crate::{config, repository};
+use super::{ControlMode, Lifecycle, LoadLimits, RuntimeLoader};
+use crate::model::Runtimes;
+use crate::registry::{IndexEntry, Registry, RepositoryState};
+use crate::residency::Budget;
 
-/// Checks a repository without serving it: every configuration parses and
-/// passes Triton's validation rules (every problem of it listed, even when
-/// the model file is missing), and every selected version loads (model
-/// file, configuration against it, plugin instantiation). Returns one line
-/// per problem, naming the model and version; empty when all is well.
-pub fn check_repository(repositories: &[PathBuf], runtimes: &Runtimes) -> Result<Vec<String>, String> {
-    let mut problems = Vec::new();
-    for dir in repository::scan(repositories)? {
-        let config = match model_config(&dir, None, false) {
-            Ok(c) => c,
-            Err(found) => {
-                problems.extend(found.into_iter().map(|problem| format!("model '{}': {problem}", dir.name)));
-                continue;
-            }
-        };
-        let available = repository::versions(&dir);
-        let targets = repository::select_versions(config.version_policy.as_ref(), &available);
-        if targets.is_empty() {
-            let reason = format!("no version folder for its version_policy among {available:?}");
-            problems.push(format!("model '{}': {}", dir.name, config::with_missing_files_hint(&config, reason)));
-        }
-        for version in targets {
-            if let Err(reason) = Model::load(&dir, version, &config, runtimes) {
-                problems.push(format!("model '{}' version {version}: {reason}", dir.name));
-            }
-        }
-    }
-    Ok(problems)
+/// Loads every model of `repositories` with `runtimes` exactly as `plinth
+/// serve --model-control-mode none` does at start: each configuration
+/// against Triton's validation rules, every selected version (model file,
+/// configuration against it, plugin contract, warm-up), every ensemble with
+/// its steps (cycles, tensors, data types, shapes, batch sizes). Returns one
+/// line per model or version that would not be READY, naming it, with the
+/// reason the repository index would give; empty when all would serve.
+///
+/// # Errors
+/// A message when a repository cannot be read.
+pub async fn check_repository(repositories: Vec<PathBuf>, runtimes: Runtimes) -> Result<Vec<String>, String> {
+    let metrics = runtimes.metrics.clone();
+    let limits = LoadLimits {
+        concurrency: std::thread::available_parallelism().map_or(1, usize::from),
+        timeout: std::time::Duration::from_secs(60),
+        budget: Budget::default(),
+    };
+    let loader = Arc::new(RuntimeLoader::new(runtimes));
+    let lifecycle =
+        Lifecycle::new(loader, Arc::new(Registry::default()), repositories, ControlMode::None, limits, metrics);
+    lifecycle.start(&[]).await?;
+    Ok(lifecycle.registry().index().iter().filter_map(problem).collect())
+}
+
+/// The line for a row of the index that does not serve, if it does not.
+fn problem(row: &IndexEntry) -> Option<String> {
+    (row.state != RepositoryState::Ready).then(|| match row.version.as_str() {
+        "" => format!("model '{}': {}", row.name, row.reason),
+        version => format!("model '{}' version {version}: {}", row.name, row.reason),
+    })
 }

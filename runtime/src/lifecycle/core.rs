@@ -3,7 +3,7 @@
 //! serving, the old one retired once the new one is READY), unloading, and
 //! keeping the residency accounting and metrics in step with the registry.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -226,6 +226,38 @@ impl Core {
         result
     }
 
+    /// Loads the models of `ensemble`'s steps that are not READY. `chain` names
+    /// the ensembles being loaded around this one, outermost first.
+    ///
+    /// # Errors
+    /// [`LoadError::Failed`] for a step whose model is not in a repository,
+    /// does not load, or closes a cycle of ensembles.
+    async fn load_steps(&self, name: &str, ensemble: &Ensemble, chain: &[String]) -> Result<(), LoadError> {
+        let chain: Vec<String> = chain.iter().cloned().chain([name.to_owned()]).collect();
+        let models: BTreeSet<&str> = ensemble.steps.iter().map(|s| s.model.as_str()).collect();
+        for model in models {
+            if chain.iter().any(|c| c == model) {
+                return Err(LoadError::Failed(format!(
+                    "circular dependency between ensembles: {} -> {model}",
+                    chain.join(" -> ")
+                )));
+            }
+            if self.registry.has_ready(model) {
+                continue;
+            }
+            if self.find(model).is_none() {
+                return Err(LoadError::Failed(format!(
+                    "ensemble {name} contains models that are not available or ambiguous: {model} (not in the \
+                     model repositories)"
+                )));
+            }
+            Box::pin(self.load_within(model, LoadRequest::default(), &chain)).await.map_err(|e| {
+                LoadError::Failed(format!("ensemble '{name}' runs model '{model}', which failed to load: {e}"))
+            })?;
+        }
+        Ok(())
+    }
+
     /// Loads `dir` with its record held.
     ///
     /// # Errors
@@ -264,8 +296,8 @@ impl Core {
         if let Some(ensemble) = Ensemble::from_config(&config) {
             let signature = Signature::from_config(&config).map_err(LoadError::Failed);
             let ready = async {
-                ensemble::load_steps(self, name, &ensemble, options.chain).await?;
-                ensemble::check_steps(self, name, &signature?, &ensemble)
+                self.load_steps(name, &ensemble, options.chain).await?;
+                ensemble::check_steps(&self.registry, name, &signature?, &ensemble)
             };
             step_labels = ready.await.map_err(|e| self.cannot_load(name, e))?;
         }

@@ -1,115 +1,143 @@
-//! Ensembles in the lifecycle: loading an ensemble loads the models its
-//! steps run (and the ensembles among them, a cycle refused), then checks
-//! each step's tensors against its model, so that a wrong `input_map`
+//! Ensembles in the lifecycle, over the registry: once the core has loaded
+//! the models an ensemble's steps run (`Core::load_steps`, a cycle
+//! refused), each step's tensors are checked against its model, so that a wrong `input_map`
 //! fails the load, not the first request. Unloading with
 //! `unload_dependents` takes the ensembles that use a model out with it,
 //! and an ensemble's steps with the ensemble.
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::core::Core;
-use super::request::LoadRequest;
 use crate::config::Signature;
 use crate::error::LoadError;
 use crate::model::Ensemble;
+use crate::registry::Registry;
 use crate::tensor::{DataType, TensorSpec};
-
-/// Loads the models of `ensemble`'s steps that are not READY. `chain` names
-/// the ensembles being loaded around this one, outermost first.
-///
-/// # Errors
-/// [`LoadError::Failed`] for a step whose model is not in a repository,
-/// does not load, or closes a cycle of ensembles.
-pub(super) async fn load_steps(
-    core: &Core,
-    name: &str,
-    ensemble: &Ensemble,
-    chain: &[String],
-) -> Result<(), LoadError> {
-    let chain: Vec<String> = chain.iter().cloned().chain([name.to_owned()]).collect();
-    let models: BTreeSet<&str> = ensemble.steps.iter().map(|s| s.model.as_str()).collect();
-    for model in models {
-        if chain.iter().any(|c| c == model) {
-            return Err(LoadError::Failed(format!(
-                "ensemble '{name}' would run itself: {} → {model}",
-                chain.join(" → ")
-            )));
-        }
-        if core.registry.has_ready(model) {
-            continue;
-        }
-        if core.find(model).is_none() {
-            return Err(LoadError::Failed(format!(
-                "ensemble '{name}' runs model '{model}', which is not in the model repositories"
-            )));
-        }
-        Box::pin(core.load_within(model, LoadRequest::default(), &chain)).await.map_err(|e| {
-            LoadError::Failed(format!("ensemble '{name}' runs model '{model}', which failed to load: {e}"))
-        })?;
-    }
-    Ok(())
-}
 
 /// Class labels by ensemble output, taken from the step outputs that write
 /// them.
 pub(super) type StepLabels = HashMap<String, Vec<String>>;
 
-/// Checks every step against its model, which is READY: the inputs it maps
-/// exist and every required one is mapped, the outputs it maps exist, and
-/// each ensemble tensor has one datatype wherever it is written and read.
-/// Returns the labels of the ensemble's outputs that steps write from
-/// outputs with labels.
+/// An ensemble tensor as its writer (the ensemble's input or a step's
+/// output) gives it.
+struct Written {
+    tensor: String,
+    datatype: DataType,
+    /// With the batch dimension (-1) first where the writer batches.
+    shape: Vec<i64>,
+    /// "model 'NAME'", or "the ensemble's inputs".
+    by: String,
+}
+
+/// Whether two full shapes can describe one tensor: the same rank, and each
+/// dimension the same or variable (-1) in either.
+fn shapes_agree(a: &[i64], b: &[i64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y || *x == -1 || *y == -1)
+}
+
+/// Checks every step against its model, which is READY, with the rules and
+/// message keywords of Triton's ensemble validation (core's
+/// `ensemble_utils.cc`, the cases of its `qa/L0_model_config`): the inputs a
+/// step maps exist and every required one is mapped, the outputs it maps
+/// exist, each ensemble tensor has one data type and one shape wherever it
+/// is written and read, and no batching step allows a smaller batch than
+/// the ensemble. Returns the labels of the ensemble's outputs that steps
+/// write from outputs with labels.
 ///
 /// # Errors
 /// [`LoadError::Failed`] with every problem, naming the step and tensor.
 pub(super) fn check_steps(
-    core: &Core,
+    registry: &Registry,
     name: &str,
     signature: &Signature,
     ensemble: &Ensemble,
 ) -> Result<StepLabels, LoadError> {
     let mut problems = Vec::new();
     let mut labels = StepLabels::new();
-    // The datatype of each ensemble tensor, as the first writer gives it.
-    let mut types: Vec<(String, DataType)> = signature.inputs.iter().map(|s| (s.name.clone(), s.datatype)).collect();
-    let type_of = |types: &[(String, DataType)], tensor: &str| types.iter().find(|(t, _)| t == tensor).map(|(_, d)| *d);
+    let mut written: Vec<Written> = signature
+        .inputs
+        .iter()
+        .map(|s| Written {
+            tensor: s.name.clone(),
+            datatype: s.datatype,
+            shape: signature.full_shape(s),
+            by: "the ensemble's inputs".to_owned(),
+        })
+        .collect();
+    let find = |written: &[Written], tensor: &str| written.iter().position(|w| w.tensor == tensor);
     // Steps in an order where each one's inputs are written first.
     let mut order: Vec<usize> = Vec::new();
     while order.len() < ensemble.steps.len() {
-        let next = (0..ensemble.steps.len()).find(|i| {
-            !order.contains(i) && ensemble.steps[*i].inputs.iter().all(|(_, t)| type_of(&types, t).is_some())
-        });
+        let next = (0..ensemble.steps.len())
+            .find(|i| !order.contains(i) && ensemble.steps[*i].inputs.iter().all(|(_, t)| find(&written, t).is_some()));
         let Some(i) = next else { break };
         order.push(i);
         let step = &ensemble.steps[i];
-        let Ok(model) = core.registry.resolve(&step.model, step.version) else {
-            problems.push(format!("step {i}: model '{}' is not READY", step.model));
+        let Ok(model) = registry.resolve(&step.model, step.version) else {
+            problems.push(match step.version {
+                Some(v) => {
+                    format!("ensemble '{name}' depends on '{}' whose required version {v} is not loaded", step.model)
+                }
+                None => format!("ensemble '{name}' depends on '{}', which has no READY version", step.model),
+            });
             continue;
         };
-        let at = |what: &str| format!("ensemble '{name}' step {i} (model '{}'): {what}", step.model);
+        let steps_signature = &model.signature;
+        let at = |what: &str| format!("in ensemble '{name}', step {i} (model '{}'): {what}", step.model);
+        let batch = steps_signature.max_batch_size;
+        if batch > 0 && batch < signature.max_batch_size {
+            problems.push(format!(
+                "ensemble {name} allows maximum batch size {}, but it contains model {} which only allows \
+                 maximum batch size to be {batch}",
+                signature.max_batch_size, step.model
+            ));
+        }
         for (input, tensor) in &step.inputs {
-            match model.signature.inputs.iter().find(|s| &s.name == input) {
-                None => {
-                    problems.push(at(&format!("the model has no input '{input}' ({})", names(&model.signature.inputs))))
-                }
-                Some(spec) if Some(spec.datatype) != type_of(&types, tensor) => problems.push(at(&format!(
-                    "input '{input}' is {}, but ensemble tensor '{tensor}' is {}",
-                    spec.datatype,
-                    type_of(&types, tensor).map_or("unknown".to_owned(), |d| d.to_string())
-                ))),
-                Some(_) => {}
+            let Some(spec) = steps_signature.inputs.iter().find(|s| &s.name == input) else {
+                problems.push(at(&format!(
+                    "ensemble tensor '{tensor}' is mapping to non-existing input {input} in model {} ({})",
+                    step.model,
+                    names(&steps_signature.inputs)
+                )));
+                continue;
+            };
+            let source = &written[find(&written, tensor).expect("written before its readers")];
+            if spec.datatype != source.datatype {
+                problems.push(at(&format!(
+                    "ensemble tensor '{tensor}': inconsistent data type: {} is inferred from {} while {} is \
+                     inferred from model {} (input '{input}')",
+                    source.datatype, source.by, spec.datatype, step.model
+                )));
+            }
+            let shape = steps_signature.full_shape(spec);
+            if !shapes_agree(&shape, &source.shape) {
+                problems.push(at(&format!(
+                    "ensemble tensor '{tensor}': inconsistent shape: {:?} is inferred from {} while {shape:?} is \
+                     inferred from model {} (input '{input}')",
+                    source.shape, source.by, step.model
+                )));
             }
         }
-        for spec in model.signature.inputs.iter().filter(|s| !s.optional) {
+        for spec in steps_signature.inputs.iter().filter(|s| !s.optional) {
             if !step.inputs.iter().any(|(input, _)| input == &spec.name) {
-                problems.push(at(&format!("the model's input '{}' is not in its input_map", spec.name)));
+                problems.push(at(&format!(
+                    "input {} in model {} is not mapped to any ensemble tensors (its input_map)",
+                    spec.name, step.model
+                )));
             }
         }
         for (output, tensor) in &step.outputs {
-            match model.signature.outputs.iter().find(|s| &s.name == output) {
-                None => problems
-                    .push(at(&format!("the model has no output '{output}' ({})", names(&model.signature.outputs)))),
-                Some(spec) => types.push((tensor.clone(), spec.datatype)),
+            match steps_signature.outputs.iter().find(|s| &s.name == output) {
+                None => problems.push(at(&format!(
+                    "ensemble tensor '{tensor}' is mapped from non-existing output {output} in model {} ({})",
+                    step.model,
+                    names(&steps_signature.outputs)
+                ))),
+                Some(spec) => written.push(Written {
+                    tensor: tensor.clone(),
+                    datatype: spec.datatype,
+                    shape: steps_signature.full_shape(spec),
+                    by: format!("model {}", step.model),
+                }),
             }
             if let Some(step_labels) = model.labels(output) {
                 labels.insert(tensor.clone(), step_labels.to_vec());
@@ -117,12 +145,21 @@ pub(super) fn check_steps(
         }
     }
     for output in &signature.outputs {
-        match type_of(&types, &output.name) {
-            Some(d) if d != output.datatype => problems.push(format!(
-                "ensemble '{name}': output '{}' is declared {}, but its step writes {d}",
-                output.name, output.datatype
-            )),
-            _ => {}
+        let Some(source) = find(&written, &output.name).map(|w| &written[w]) else { continue };
+        if source.datatype != output.datatype {
+            problems.push(format!(
+                "in ensemble '{name}', ensemble tensor '{}': inconsistent data type: {} is inferred from {} while \
+                 the ensemble declares {}",
+                output.name, source.datatype, source.by, output.datatype
+            ));
+        }
+        let shape = signature.full_shape(output);
+        if !shapes_agree(&shape, &source.shape) {
+            problems.push(format!(
+                "in ensemble '{name}', ensemble tensor '{}': inconsistent shape: {:?} is inferred from {} while the \
+                 ensemble declares {shape:?}",
+                output.name, source.shape, source.by
+            ));
         }
     }
     if problems.is_empty() { Ok(labels) } else { Err(LoadError::Failed(problems.join("; "))) }
@@ -134,8 +171,8 @@ fn names(specs: &[TensorSpec]) -> String {
 }
 
 /// The READY ensembles that run `model` in a step.
-pub(super) fn users(core: &Core, model: &str) -> Vec<String> {
-    let ensembles = core.registry.ready_models(None);
+pub(super) fn users(registry: &Registry, model: &str) -> Vec<String> {
+    let ensembles = registry.ready_models(None);
     let uses =
         |m: &&std::sync::Arc<crate::model::Model>| m.steps().is_some_and(|e| e.steps.iter().any(|s| s.model == model));
     let mut names: Vec<String> = ensembles.iter().filter(uses).map(|m| m.name.clone()).collect();
@@ -144,8 +181,8 @@ pub(super) fn users(core: &Core, model: &str) -> Vec<String> {
 }
 
 /// The models `ensemble`'s steps run, if it is a READY ensemble.
-pub(super) fn steps(core: &Core, ensemble: &str) -> Vec<String> {
-    let Ok(model) = core.registry.resolve(ensemble, None) else { return Vec::new() };
+pub(super) fn steps(registry: &Registry, ensemble: &str) -> Vec<String> {
+    let Ok(model) = registry.resolve(ensemble, None) else { return Vec::new() };
     let models: BTreeSet<String> =
         model.steps().into_iter().flat_map(|e| e.steps.iter().map(|s| s.model.clone())).collect();
     models.into_iter().collect()

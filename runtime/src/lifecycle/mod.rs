@@ -213,9 +213,9 @@ impl Lifecycle {
     /// `config` override and `file:` files, if any.
     ///
     /// # Errors
-    /// [`LoadError::Invalid`] in a mode without explicit loads, for no such
-    /// model folder, or malformed files; [`LoadError::Failed`] or
-    /// [`LoadError::NoRoom`] with every failure's reason. Each message
+    /// [`LoadError::NotAllowed`] in a mode without explicit loads;
+    /// [`LoadError::Invalid`] for no such model folder, or malformed files;
+    /// [`LoadError::Failed`] or [`LoadError::NoRoom`] with every failure's reason. Each message
     /// starts `failed to load 'NAME'`. Versions serving before keep serving.
     pub async fn load(&self, name: &str, request: LoadRequest) -> Result<(), LoadError> {
         self.explicit_mode()?;
@@ -229,18 +229,18 @@ impl Lifecycle {
     /// other READY ensemble runs.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] in a mode without explicit loads;
-    /// [`Error::NotFound`] when no such model is known.
+    /// [`Error::Unavailable`] (HTTP 503, gRPC UNAVAILABLE) in a mode without
+    /// explicit loads; [`Error::NotFound`] when no such model is known.
     pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<(), Error> {
         self.explicit_mode()?;
-        let steps = if unload_dependents { ensemble::steps(&self.core, name) } else { Vec::new() };
+        let steps = if unload_dependents { ensemble::steps(&self.core.registry, name) } else { Vec::new() };
         self.core.unload(name).await?;
         if unload_dependents {
-            for user in ensemble::users(&self.core, name) {
+            for user in ensemble::users(&self.core.registry, name) {
                 Box::pin(self.unload(&user, true)).await?;
             }
             for step in steps {
-                if ensemble::users(&self.core, &step).is_empty() {
+                if ensemble::users(&self.core.registry, &step).is_empty() {
                     Box::pin(self.unload(&step, true)).await?;
                 }
             }

@@ -322,10 +322,10 @@ async fn ensembles_that_do_not_fit_their_steps_or_run_themselves_fail_to_load() 
     let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&[]).await.unwrap();
     let misfit = lifecycle.load("misfit", LoadRequest::default()).await.unwrap_err().to_string();
-    assert!(misfit.contains("ensemble 'misfit' step 0 (model 'a'): the model has no input 'z'"), "{misfit}");
-    assert!(misfit.contains("the model's input 'x' is not in its input_map"), "{misfit}");
+    assert!(misfit.contains("in ensemble 'misfit', step 0 (model 'a'): ensemble tensor 'IN' is mapping to non-existing input z in model a"), "{misfit}");
+    assert!(misfit.contains("input x in model a is not mapped to any ensemble tensors"), "{misfit}");
     let cycle = lifecycle.load("loop_1", LoadRequest::default()).await.unwrap_err().to_string();
-    assert!(cycle.contains("ensemble 'loop_2' would run itself: loop_1 → loop_2 → loop_1"), "{cycle}");
+    assert!(cycle.contains("circular dependency between ensembles: loop_1 -> loop_2 -> loop_1"), "{cycle}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
