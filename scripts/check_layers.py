@@ -5,8 +5,12 @@ Each top-level module of the `plinth` crate (a file `src/x.rs` or a folder
 `src/x/`) has a layer in LAYERS, lowest first. A module may name, through a
 `crate::` path anywhere in its files (a `use` line or a path in code),
 modules of a lower layer, or of its own layer when that adds no cycle, never
-a higher one. A module missing from LAYERS, an upward import and any cycle
-are errors; each is printed with the file and line that makes it.
+a higher one. Inside a module folder, the files (`super::b` from `a.rs`, or
+`crate::x::b`) import one way too: a cycle between files is an error (the
+folder's `mod.rs` is its face to the others and is not counted). Every
+module must be named in the layer list of the layout in LAYOUT_DOC. A
+module missing from LAYERS or the layout, an upward import and any cycle are
+errors; each is printed with the file and line that makes it.
 
 Usage: scripts/check_layers.py [runtime/src]   (exit status 1 on a problem)
 """
@@ -28,6 +32,9 @@ LAYERS = [
     ["server"],
     ["cli", "fuzzing"],
 ]
+
+# The page whose layout lists every module in its layer (README "Layout").
+LAYOUT_DOC = pathlib.Path("docs/architecture.md")
 
 CRATE_PATH = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 # `use crate::{a, b::c}` names several modules at once.
@@ -79,6 +86,56 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+SIBLING_PATH = re.compile(r"\bsuper::([a-z_][a-z0-9_]*)")
+SIBLING_GROUP = re.compile(r"\bsuper::\{([^}]*)\}")
+
+
+def file_imports(src: pathlib.Path):
+    """Yields (file, imported sibling file, line number) for each `super::b`
+    and `crate::x::b` path inside a module folder, mod.rs left out."""
+    for file in sorted(src.rglob("*.rs")):
+        folder = file.parent
+        if folder == src or file.name == "mod.rs":
+            continue
+        inside = ".".join(folder.relative_to(src).parts)
+        own = re.compile(r"\bcrate::" + re.escape(inside.replace(".", "::")) + r"::([a-z_][a-z0-9_]*)")
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            names = set(SIBLING_PATH.findall(code)) | set(own.findall(code))
+            for group in SIBLING_GROUP.findall(code):
+                names.update(part.strip().split("::")[0] for part in group.split(","))
+            for name in sorted(names):
+                target = next((t for t in (folder / f"{name}.rs", folder / name / "mod.rs") if t.is_file()), None)
+                if target is not None and target != file:
+                    yield file, target, number
+
+
+def file_cycle(src: pathlib.Path) -> str | None:
+    """A cycle between the files of one module folder, described, or None."""
+    edges: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for file, target, number in file_imports(src):
+        a, b = str(file.relative_to(src)), str(target.relative_to(src))
+        edges.setdefault(a, set()).add(b)
+        where.setdefault((a, b), f"{file}:{number}")
+    cycle = find_cycle(edges)
+    if not cycle:
+        return None
+    return "file import cycle: " + "; ".join(f"{a} -> {b} ({where[(a, b)]})" for a, b in zip(cycle, cycle[1:]))
+
+
+def layout_names(doc: pathlib.Path) -> set[str]:
+    """The module names of the layer list under `src/` in `doc`'s layout."""
+    lines = doc.read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip().startswith("src/"))
+    names: set[str] = set()
+    for line in lines[start + 1:]:
+        if not line.startswith("    "):
+            break
+        names.update(re.findall(r"[a-z_][a-z0-9_]*", line[:33]))
+    return names
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "runtime/src")
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -99,6 +156,12 @@ def main() -> int:
     if cycle:
         steps = [f"{a} -> {b} ({where[(a, b)]})" for a, b in zip(cycle, cycle[1:])]
         problems.append("import cycle: " + "; ".join(steps))
+    if cycle := file_cycle(src):
+        problems.append(cycle)
+    doc = src.parents[1] / LAYOUT_DOC
+    listed = layout_names(doc)
+    for m in sorted(modules - listed):
+        problems.append(f"module '{m}' is not in the layer list of {doc}'s layout")
     for p in problems:
         print(p)
     if not problems:
