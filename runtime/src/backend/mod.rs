@@ -63,9 +63,8 @@ impl BackendKind {
             ("", "remote") => Ok(BackendKind::Remote),
             ("", "identity") => Ok(BackendKind::Identity),
             (platform, backend) => Err(format!(
-                "platform '{platform}' / backend '{backend}' is not supported; Plinth serves platform \
-                 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend 'pytorch'), \
-                 backend 'remote' and backend 'identity'"
+                "platform '{platform}' / backend '{backend}' is not supported; Plinth serves {}",
+                crate::config::validate::SERVED
             )),
         }
     }
@@ -120,27 +119,20 @@ pub trait Backend: Send + Sync {
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError>;
 }
 
-/// Why a backend run failed.
-#[derive(Debug, PartialEq, Eq)]
+/// Why a backend run failed; each shows as its message.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The inputs fit the signature but the model cannot process them.
+    #[error("{0}")]
     InvalidInput(String),
     /// A remote server cannot be reached or timed out (HTTP 503).
+    #[error("{0}")]
     Unavailable(String),
     /// A remote server answered with a failure or an answer that is not a
     /// valid inference response (HTTP 502).
+    #[error("{0}")]
     BadGateway(String),
     /// Anything else.
+    #[error("{0}")]
     Failed(String),
-}
-
-impl std::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendError::InvalidInput(m)
-            | BackendError::Unavailable(m)
-            | BackendError::BadGateway(m)
-            | BackendError::Failed(m) => f.write_str(m),
-        }
-    }
 }

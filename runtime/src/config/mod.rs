@@ -1,6 +1,11 @@
-//! Model configuration: `config.pbtxt` parsed with protobuf text format
-//! against our own `.proto` messages, which follow the field names and numbers
-//! of Triton's `ModelConfig` so that Triton repositories load unchanged.
+//! Model configuration: `config.pbtxt` (or the load API's JSON) parsed with
+//! protobuf text format against our own `.proto` messages, which follow the
+//! field names and numbers of Triton's `ModelConfig` so that Triton
+//! repositories load unchanged; the configuration's parameters and
+//! signature as the rest of the server reads them; and, in [`validate`],
+//! Triton's rules for a configuration before any model file is read.
+//! [`proto`] is the whole generated package `inference`: the KServe v2 gRPC
+//! messages share it with `ModelConfig`, as in Triton's `.proto` files.
 
 use std::path::Path;
 use std::sync::LazyLock;

@@ -42,11 +42,6 @@ impl RuntimeLoader {
     pub fn new(runtimes: Runtimes) -> RuntimeLoader {
         RuntimeLoader { runtimes }
     }
-
-    /// The runtimes it loads with.
-    pub fn runtimes(&self) -> &Runtimes {
-        &self.runtimes
-    }
 }
 
 impl Loader for RuntimeLoader {

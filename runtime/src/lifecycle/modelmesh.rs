@@ -230,8 +230,9 @@ impl Mesh<'_> {
     }
 
     /// Unloads model `id` and forgets it. Returns once requests still
-    /// running on it have finished (at most a minute) and its
-    /// memory is given back; until then the budget still counts it. Waits
+    /// running on it have finished and its memory is given back (until then
+    /// the budget still counts it), or after a minute, logging a warning,
+    /// when requests still run: the model then leaves memory with the last. Waits
     /// for a load of `id` in progress. An unknown id is not an error.
     pub async fn unload(&self, id: &str) {
         let core = self.core;
@@ -243,10 +244,22 @@ impl Mesh<'_> {
         while models.iter().any(|m| Arc::strong_count(m) > 1) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if !models.is_empty() {
+        let still_running = models.iter().filter(|m| Arc::strong_count(m) > 1).count();
+        if still_running > 0 {
+            // ModelMesh is told the unload succeeded all the same: the model
+            // serves no new request, and its memory leaves with the last one.
+            tracing::warn!(
+                model = %id,
+                timeout_s = DRAIN_TIMEOUT.as_secs(),
+                "unload: requests still running after the drain timeout; the model leaves memory when they finish"
+            );
+        } else if !models.is_empty() {
             tracing::info!(model = %id, "unloaded");
         }
-        drop(models);
+        // Freeing a model's sessions can take a while: off the async threads.
+        if let Err(e) = tokio::task::spawn_blocking(move || drop(models)).await {
+            tracing::error!(model = %id, "unloading panicked: {e}");
+        }
         core.take_out(id, "unloaded");
         core.registry.forget(id);
         *guard = ModelRecord::default();

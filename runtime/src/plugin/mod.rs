@@ -179,16 +179,18 @@ pub struct ModelInfo {
     pub metadata: Vec<(String, String)>,
 }
 
-/// Why a plugin call failed.
-#[derive(Debug, PartialEq, Eq)]
+/// Why a plugin call failed; each shows as its message.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PluginError {
     /// The plugin refused the call with a class the client acts on: the
     /// request is malformed ([`Error::InvalidArgument`], HTTP 400), or it
     /// passed on a composed call's refusal (not found 404, unavailable 503,
     /// overloaded 503 with its `Retry-After`). The message names the plugin.
+    #[error("{0}")]
     Refused(Error),
     /// The plugin failed, trapped, ran out of time or memory (HTTP 500).
     /// The message names the plugin.
+    #[error("{0}")]
     Failed(String),
 }
 
