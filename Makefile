@@ -48,6 +48,7 @@ setup-gpu: setup-models
 test: setup-test
 	python3 scripts/check_layers.py
 	cargo fmt --check
+	cargo clippy --release --locked --workspace --all-targets --all-features -- -D warnings
 	cargo test --release --workspace --all-features --locked
 # The text-embedding plugin's own unit tests, natively (input forms, buckets, pooling).
 	cd plugins && cargo test --locked --target $$(rustc -vV | sed -n 's/^host: //p') -p text-embedding

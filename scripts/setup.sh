@@ -31,7 +31,7 @@ STEPS=(
     "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc (apt, as root)"
     "perf-analyzer|test|260 MB on disk|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
     "kserve|test|630 MB on disk|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
-    "rust-tools|test|10 MB|rustfmt, for the format check of make test, and clippy (rustup components)"
+    "rust-tools|test|10 MB|rustfmt and clippy, the format and lint checks of make test (rustup components)"
     "plugins|serve|crates|each set-up model's plugin (.wasm) in model_repository/, built for wasm32-wasip2"
     "server|serve|crates|target/release/plinth (with the libtorch feature once .cache/libtorch exists)"
 )
