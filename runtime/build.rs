@@ -1,8 +1,9 @@
 //! Compiles `proto/model_config.proto` (Triton's `ModelConfig` field names and
-//! numbers), `proto/grpc_service.proto` (the KServe v2 gRPC service) and
-//! `proto/model_runtime.proto` (ModelMesh's `mmesh.ModelRuntime`) with
-//! protox, a pure-Rust protobuf compiler, so no `protoc` is needed. The
-//! descriptor set is kept for prost-reflect's text-format parser.
+//! numbers) into `config/`, and `proto/grpc_service.proto` (the KServe v2 gRPC
+//! service) and `proto/model_runtime.proto` (ModelMesh's `mmesh.ModelRuntime`)
+//! into `wire/`, with protox, a pure-Rust protobuf compiler, so no `protoc` is
+//! needed. The model configuration's descriptor set is kept for
+//! prost-reflect's text-format parser.
 //!
 //! With the `libtorch` feature, also compiles `src/backend/empty_cache.cpp`
 //! against `$LIBTORCH/include` and records `$ORIGIN/../lib` (the bundle of
@@ -12,10 +13,28 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(["model_config.proto", "grpc_service.proto", "model_runtime.proto"], ["proto"])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out.join("model_config.bin"), prost::Message::encode_to_vec(&fds))?;
-    tonic_prost_build::configure().build_client(false).compile_fds(fds)?;
+    // The model configuration (`config::proto`), and its descriptor set.
+    let config = protox::compile(["model_config.proto"], ["proto"])?;
+    std::fs::write(out.join("model_config.bin"), prost::Message::encode_to_vec(&config))?;
+    let config_dir = out.join("config");
+    std::fs::create_dir_all(&config_dir)?;
+    tonic_prost_build::configure().build_server(false).build_client(false).out_dir(&config_dir).compile_fds(config)?;
+    // The wire protocols (`protocol::grpc::proto`, `server::modelmesh::proto`):
+    // the KServe v2 service shares the package `inference` with the model
+    // configuration's messages, which it takes from `config::proto` rather
+    // than generating them again (prost skips extern types).
+    let wire = protox::compile(["grpc_service.proto", "model_runtime.proto"], ["proto"])?;
+    let wire_dir = out.join("wire");
+    std::fs::create_dir_all(&wire_dir)?;
+    let mut builder = tonic_prost_build::configure().build_client(false).out_dir(&wire_dir);
+    for file in wire.file.iter().filter(|f| f.name() == "model_config.proto") {
+        let messages = file.message_type.iter().map(|m| m.name());
+        for name in messages.chain(file.enum_type.iter().map(|e| e.name())) {
+            builder = builder.extern_path(format!(".inference.{name}"), format!("crate::config::proto::{name}"));
+        }
+    }
+    builder.compile_fds(wire)?;
     #[cfg(feature = "libtorch")]
     libtorch()?;
     Ok(())

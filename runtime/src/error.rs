@@ -1,8 +1,9 @@
 //! The error types every layer shares: [`Error`], why a request failed, and
 //! [`LoadError`], why a model did not load. Each variant is one class of
 //! failure; the front ends map the classes to protocol statuses in one
-//! place each (`server::error` for HTTP, `server::grpc` and
-//! `server::modelmesh` for gRPC).
+//! table (`server::error`: the HTTP status and the gRPC code of each), and
+//! ModelMesh's runtime maps a [`LoadError`] as ModelMesh reads it
+//! (`server::modelmesh`).
 
 /// Why a request failed. The message is shown to the client as is, so it
 /// names what was wrong and what was expected.

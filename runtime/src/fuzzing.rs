@@ -179,8 +179,8 @@ pub fn shared_memory(data: &[u8]) {
         "a read is refused exactly when it leaves the region ({offset}, {size})"
     );
     let Ok(decoded) = binary::decode(None, body, ("m", &SIGNATURE), regions) else { return };
-    for output in decoded.request.outputs.iter().flatten() {
-        if let Ok(Some(place)) = binary::region(&output.name, &output.parameters)
+    for output in &decoded.head.outputs {
+        if let Some(place) = output.region.clone()
             && let Ok(region) = regions.output(place)
         {
             let _ = region.write(&output.name, &[7; 8]);

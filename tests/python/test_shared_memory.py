@@ -302,7 +302,7 @@ def test_bad_places_are_refused_before_the_model_runs(server, regions):
     wrong.set_shared_memory("in", 64)
     wrong._input.parameters["shared_memory_region"].int64_param = 3
     with pytest.raises(InferenceServerException, match="invalid value type for 'shared_memory_region' parameter "
-                                                       "for tensor 'INPUT0', expected string_param."):
+                                                       "for tensor 'INPUT0', expected a string, got 3"):
         client.infer("simple", [wrong, other])
 
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as ChromeService
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -46,24 +46,39 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
+# The models table as {model: {column: text}}, read in one script once the
+# page has finished loading (null before): a page that reloads while it is
+# read can show a row whose cells are not parsed yet.
+READ_TABLE = """
+if (document.readyState !== 'complete') return null;
+const table = {};
+for (const row of document.querySelectorAll('#models tbody tr')) {
+  const cells = [...row.querySelectorAll('td')].map(td => td.innerText.trim());
+  table[row.dataset.model] = {state: cells[2], platform: cells[3], resident: cells[4]};
+}
+return table;
+"""
+
+
+def read_table(browser):
+    """The table, or None while the page (re)loads."""
+    try:
+        return browser.execute_script(READ_TABLE)
+    except (StaleElementReferenceException, JavascriptException):
+        return None
+
+
 def rows(browser):
-    """Each row of the models table: {model: {column: text}}; read again
-    when the page reloaded while it was being read."""
-    while True:
-        try:
-            table = {}
-            for row in browser.find_elements(By.CSS_SELECTOR, "#models tbody tr"):
-                cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-                table[row.get_attribute("data-model")] = {"state": cells[2], "platform": cells[3], "resident": cells[4]}
-            return table
-        except StaleElementReferenceException:
-            continue
+    """Each row of the models table: {model: {column: text}}, once the page
+    has loaded."""
+    return WebDriverWait(browser, HANG_GUARD_S).until(read_table)
 
 
 def until_state(browser, model, state):
     """Waits until the page (reloaded by the button's script) shows
-    `model` in `state`; a row read while the page reloads is read again."""
-    WebDriverWait(browser, HANG_GUARD_S).until(lambda b: rows(b).get(model, {}).get("state") == state)
+    `model` in `state`."""
+    WebDriverWait(browser, HANG_GUARD_S).until(
+        lambda b: (read_table(b) or {}).get(model, {}).get("state") == state)
 
 
 def index(server):

@@ -4,8 +4,10 @@
 //! repositories load unchanged; the configuration's parameters and
 //! signature as the rest of the server reads them; and, in [`validate`],
 //! Triton's rules for a configuration before any model file is read.
-//! [`proto`] is the whole generated package `inference`: the KServe v2 gRPC
-//! messages share it with `ModelConfig`, as in Triton's `.proto` files.
+//! [`proto`] holds the messages of `proto/model_config.proto` only; the
+//! KServe v2 gRPC messages, which share the package `inference` with them
+//! in Triton's `.proto` files, are the wire protocol's
+//! (`protocol::grpc::proto`).
 
 use std::path::Path;
 use std::sync::LazyLock;
@@ -17,7 +19,7 @@ use crate::tensor::{DataType, TensorSpec};
 /// Messages generated from `proto/model_config.proto` (package `inference`).
 #[allow(missing_docs, clippy::all)]
 pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+    include!(concat!(env!("OUT_DIR"), "/config/inference.rs"));
 }
 
 pub use proto::ModelConfig;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::LoadLimits;
 use super::ensemble::{self, StepLabels};
 use super::loader::Loader;
-use super::request::LoadRequest;
+use super::request::{self, LoadRequest};
 use super::runner::WarmUpRunner;
 use crate::config::{self, ModelConfig, Signature};
 use crate::error::{Error, LoadError};
@@ -200,7 +200,7 @@ impl Core {
         request: LoadRequest,
         chain: &[String],
     ) -> Result<(), LoadError> {
-        let staged = if repository::is_model_name(name) { request.stage(name)? } else { None };
+        let staged = if repository::is_model_name(name) { request::stage(&request, name)? } else { None };
         // A name with no folder leaves no trace: a typo in a load request
         // must not make the server unready.
         let dir = match &staged {

@@ -6,10 +6,9 @@
 //! `binary_data_output`) come back the same way. Bodies in, bodies out: the
 //! HTTP framing (headers, content types) is the front end's.
 
-use serde_json::Value;
-
 use super::json::{InferRequest, InferResponse, InputTensor, OutputTensor};
-use super::parameters::{self, Front, Level};
+use super::parameters::{Front, Value};
+use super::request::{RequestHead, decode_head};
 use super::shared_memory::{self, RegionRef, Regions};
 use crate::config::Signature;
 use crate::error::Error;
@@ -22,6 +21,8 @@ pub const HEADER_LENGTH: &str = "inference-header-content-length";
 pub struct Decoded {
     /// The JSON header (its `inputs` already converted to `tensors`).
     pub request: InferRequest,
+    /// Its parameters and requested outputs, read.
+    pub head: RequestHead,
     /// The inputs, in request order.
     pub tensors: Vec<Tensor>,
 }
@@ -38,9 +39,9 @@ pub struct Decoded {
 /// not a number within the body's length, malformed JSON, an input with
 /// both or neither of `data` and `binary_data_size`, a size past the end of
 /// the body, bytes left over, or data that does not fill the input's shape
-/// (including a `BYTES` element length past the end). An input whose
-/// parameters name a shared memory region is read from `regions`, with
-/// their errors.
+/// (including a `BYTES` element length past the end), and the errors of
+/// [`decode_head`]. An input whose parameters name a shared memory region
+/// is read from `regions`, with their errors.
 pub fn decode(
     header_length: Option<&[u8]>,
     body: &[u8],
@@ -78,13 +79,15 @@ fn tensors(
     model: &str,
     regions: &dyn Regions,
 ) -> Result<Decoded, Error> {
-    check_parameters(&request)?;
+    let inputs = request.inputs.iter().map(|i| (i.name.as_str(), &i.parameters));
+    let outputs = request.outputs.iter().flatten().map(|o| (o.name.as_str(), &o.parameters));
+    let head = decode_head(Front::Http, &request.parameters, inputs, outputs)?;
     let has_binary = binary.is_some();
     let mut binary = binary.unwrap_or_default();
     let inputs = std::mem::take(&mut request.inputs);
     let mut tensors = Vec::with_capacity(inputs.len());
     for input in inputs {
-        if let Some(at) = region(&input.name, &input.parameters)? {
+        if let Some(at) = RegionRef::from_parameters(&input.name, &input.parameters)? {
             one_source(&input)?;
             tensors.push(shared_memory::input_tensor(model, input.name, &input.datatype, input.shape, &at, regions)?);
             continue;
@@ -123,13 +126,13 @@ fn tensors(
             binary.len()
         )));
     }
-    Ok(Decoded { request, tensors })
+    Ok(Decoded { request, head, tensors })
 }
 
 /// Refuses an input in shared memory that also has `data` or
 /// `binary_data_size` (Triton's text).
 fn one_source(input: &InputTensor) -> Result<(), Error> {
-    let binary = input.parameters.contains_key("binary_data_size");
+    let binary = input.parameters.contains("binary_data_size");
     if input.data.is_null() && !binary {
         return Ok(());
     }
@@ -142,61 +145,14 @@ fn one_source(input: &InputTensor) -> Result<(), Error> {
     )))
 }
 
-/// The shared memory place the JSON `parameters` of tensor `name` (an
-/// input or a requested output) give, if any.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for a region that is not a string, an offset
-/// or size that is not a non-negative integer, or an incomplete set
-/// ([`RegionRef::from_parameters`]).
-pub fn region(name: &str, parameters: &serde_json::Map<String, Value>) -> Result<Option<RegionRef>, Error> {
-    let number = |key: &str| match parameters.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            bad(format!("Unable to parse '{key}' of tensor '{name}': expected a non-negative integer, got {v}"))
-        }),
-    };
-    let region = match parameters.get(shared_memory::REGION) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(v) => {
-            return Err(bad(format!(
-                "Unable to parse '{}' of tensor '{name}': expected a string, got {v}",
-                shared_memory::REGION
-            )));
-        }
-    };
-    RegionRef::from_parameters(name, region, number(shared_memory::OFFSET)?, number(shared_memory::BYTE_SIZE)?)
-}
-
-/// Refuses the parameters, of the request, an input or an output, that
-/// Plinth does not act on.
-fn check_parameters(request: &InferRequest) -> Result<(), Error> {
-    fn keys(map: &serde_json::Map<String, Value>) -> impl Iterator<Item = &str> {
-        map.keys().map(String::as_str)
-    }
-    parameters::check(Level::Request, Front::Http, "", keys(&request.parameters))?;
-    for input in &request.inputs {
-        parameters::check(Level::Input, Front::Http, &format!("input '{}'", input.name), keys(&input.parameters))?;
-    }
-    for output in request.outputs.iter().flatten() {
-        parameters::check(Level::Output, Front::Http, &format!("output '{}'", output.name), keys(&output.parameters))?;
-    }
-    Ok(())
-}
-
 /// The input's `binary_data_size` parameter, if it has one. Also reads the
 /// outputs of a remote server's response, which have the same fields.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when it is not a non-negative integer.
 pub fn binary_size(input: &InputTensor) -> Result<Option<usize>, Error> {
-    match input.parameters.get("binary_data_size") {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-            bad(format!("input '{}': binary_data_size must be a non-negative integer, got {v}", input.name))
-        }),
-    }
+    let size = input.parameters.uint("binary_data_size", &format!("input '{}'", input.name))?;
+    Ok(size.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
 }
 
 /// The tensor `input` describes, holding the binary `data` that followed
@@ -249,8 +205,10 @@ fn raw_input(body: &[u8], signature: &Signature) -> Result<Decoded, Error> {
         Some(size) => (raw_shape(spec, batching, body.len(), size)?, body.to_vec()),
     };
     let mut request = InferRequest::default();
-    request.parameters.insert("binary_data_output".into(), Value::Bool(true));
-    Ok(Decoded { request, tensors: vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }] })
+    request.parameters.insert("binary_data_output", Value::Bool(true));
+    let head = decode_head(Front::Http, &request.parameters, [], [])?;
+    let tensors = vec![Tensor { name: spec.name.clone(), datatype: spec.datatype, shape, data }];
+    Ok(Decoded { request, head, tensors })
 }
 
 /// The shape of a raw input of `len` bytes whose elements have `size`
@@ -294,16 +252,6 @@ fn raw_shape(spec: &TensorSpec, batching: bool, len: usize, size: usize) -> Resu
         shape.insert(0, batch);
     }
     Ok(shape)
-}
-
-/// Which outputs go back as binary data: an output's own `binary_data`
-/// parameter, else the request's `binary_data_output`.
-pub fn wants_binary(request: &InferRequest, output: &str) -> bool {
-    let flag = |v: Option<&Value>| v.and_then(Value::as_bool);
-    let own = request.outputs.iter().flatten().find(|o| o.name == output);
-    flag(own.and_then(|o| o.parameters.get("binary_data")))
-        .or_else(|| flag(request.parameters.get("binary_data_output")))
-        .unwrap_or(false)
 }
 
 /// A response body as [`encode`] writes it.
@@ -446,7 +394,11 @@ mod tests {
             ),
             (r#""shared_memory_byte_size":4,"binary_data_size":4"#, "Input must set only one of the following fields"),
             (r#""shared_memory_offset":1"#, "'shared_memory_byte_size' must be specified along with"),
-            (r#""shared_memory_byte_size":"4""#, "Unable to parse 'shared_memory_byte_size' of tensor 'a'"),
+            (
+                r#""shared_memory_byte_size":"4""#,
+                "invalid value type for 'shared_memory_byte_size' parameter for tensor 'a', expected a non-negative \
+                 integer, got \"4\"",
+            ),
         ];
         for (parameters, message) in cases {
             let header = format!(
@@ -464,7 +416,7 @@ mod tests {
         let raw = [0u8; 16];
         let decoded = decode(zero, &raw, ("m", &signature(DataType::Fp32, &[2], 4)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![2, 2], "fixed dims: rows from the body");
-        assert!(wants_binary(&decoded.request, "any output"), "a raw request is answered in binary");
+        assert!(decoded.head.wants_binary("any output"), "a raw request is answered in binary");
         let decoded = decode(zero, b"hello", ("m", &signature(DataType::Bytes, &[1], 0)), &NoRegions).unwrap();
         assert_eq!(decoded.tensors[0].shape, vec![1]);
         let many =
@@ -491,17 +443,17 @@ mod tests {
         let y = Tensor { name: "y".into(), datatype: DataType::Int8, shape: vec![2], data: vec![3, 4] };
         let encoded = encode(response(), vec![(y.clone(), OutputForm::Binary)]).unwrap();
         let n = encoded.header_length.unwrap();
-        let header: Value = serde_json::from_slice(&encoded.body[..n]).unwrap();
+        let header: serde_json::Value = serde_json::from_slice(&encoded.body[..n]).unwrap();
         assert_eq!(header["outputs"][0]["parameters"]["binary_data_size"], 2);
         assert_eq!(&encoded.body[n..], &[3, 4]);
         let in_shm = encode(response(), vec![(y.clone(), OutputForm::SharedMemory)]).unwrap();
         assert_eq!(in_shm.header_length, None, "nothing binary follows");
-        let header: Value = serde_json::from_slice(&in_shm.body).unwrap();
+        let header: serde_json::Value = serde_json::from_slice(&in_shm.body).unwrap();
         assert_eq!(header["outputs"][0], serde_json::json!({"name": "y", "datatype": "INT8", "shape": [2]}));
         let json = encode(response(), vec![(y, OutputForm::Json)]).unwrap();
         assert_eq!(json.header_length, None);
         assert_eq!(
-            serde_json::from_slice::<Value>(&json.body).unwrap()["outputs"][0]["data"],
+            serde_json::from_slice::<serde_json::Value>(&json.body).unwrap()["outputs"][0]["data"],
             serde_json::json!([3, 4])
         );
     }

@@ -3,8 +3,9 @@
 //! "Inference Request JSON Object" and "Tensor Data" sections).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::parameters::Parameters;
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element, request_datatype};
 
@@ -14,31 +15,15 @@ pub struct InferRequest {
     /// The client's request id, echoed in the response.
     #[serde(default)]
     pub id: Option<String>,
-    /// Request parameters (`priority`, `timeout`, `binary_data_output`).
+    /// Request parameters (`priority`, `timeout`, `binary_data_output`,
+    /// the sequence extension's), read by [`super::request::decode_head`].
     #[serde(default)]
-    pub parameters: Map<String, Value>,
+    pub parameters: Parameters,
     /// The input tensors.
     pub inputs: Vec<InputTensor>,
     /// The outputs asked for; absent means all.
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutput>>,
-}
-
-impl InferRequest {
-    /// The request parameter `key` as a non-negative integer (`priority`,
-    /// `timeout`, as Triton reads them); `None` when absent or `null`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming the parameter when it is anything
-    /// else.
-    pub fn uint_parameter(&self, key: &str) -> Result<Option<u64>, Error> {
-        match self.parameters.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                Error::InvalidArgument(format!("request parameter '{key}' must be a non-negative integer, got {v}"))
-            }),
-        }
-    }
 }
 
 /// One input tensor of an inference request.
@@ -50,17 +35,13 @@ pub struct InputTensor {
     pub shape: Vec<i64>,
     /// The v2 datatype name (`FP32`, `BYTES`, ...).
     pub datatype: String,
-    /// Tensor parameters (`binary_data_size`).
+    /// Tensor parameters (`binary_data_size`, a shared memory place).
     /// `null` reads as none: the KServe Python server sends it that way.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub parameters: Map<String, Value>,
+    #[serde(default)]
+    pub parameters: Parameters,
     /// Row-major elements, flat or nested as the shape.
     #[serde(default)]
     pub data: Value,
-}
-
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
-    Ok(Option::<Map<String, Value>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// An output the client asks for.
@@ -68,9 +49,10 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, V
 pub struct RequestedOutput {
     /// The output's name.
     pub name: String,
-    /// Output parameters (`binary_data`).
+    /// Output parameters (`binary_data`, `classification`, a shared
+    /// memory place).
     #[serde(default)]
-    pub parameters: Map<String, Value>,
+    pub parameters: Parameters,
 }
 
 /// The inference response body.
@@ -352,7 +334,13 @@ mod tests {
     use serde_json::json;
 
     fn input(datatype: &str, shape: &[i64], data: Value) -> InputTensor {
-        InputTensor { name: "x".into(), shape: shape.to_vec(), datatype: datatype.into(), parameters: Map::new(), data }
+        InputTensor {
+            name: "x".into(),
+            shape: shape.to_vec(),
+            datatype: datatype.into(),
+            parameters: Parameters::default(),
+            data,
+        }
     }
 
     #[test]

@@ -1,12 +1,18 @@
-//! The KServe v2 (Open Inference Protocol) wire formats over HTTP: the JSON
-//! messages ([`json`]) and the binary tensor data extension ([`binary`]),
-//! which request parameters Plinth acts on ([`parameters`], for gRPC too),
-//! and where a request puts a tensor in shared memory ([`shared_memory`]).
-//! Bytes and messages in, tensors out, and back; no HTTP framework. The
-//! HTTP front end (`server`) and the remote backend (`backend::remote`),
-//! which speaks the same protocol to another server, both use it.
+//! The KServe v2 (Open Inference Protocol) wire formats: the JSON messages
+//! ([`json`]) and the binary tensor data extension ([`binary`]) over HTTP,
+//! the gRPC messages and their tensor codec ([`grpc`]), and the rules both
+//! front ends share, written once: request parameters ([`parameters`]),
+//! what an inference request asks for besides its inputs ([`request`]),
+//! repository load and unload requests ([`repository`]) and where a request
+//! puts a tensor in shared memory ([`shared_memory`]). Bytes and messages
+//! in, tensors out, and back; no HTTP or gRPC framework. The front ends
+//! (`server`) and the remote backend (`backend::remote`), which speaks the
+//! same protocol to another server, both use it.
 
 pub mod binary;
+pub mod grpc;
 pub mod json;
 pub mod parameters;
+pub mod repository;
+pub mod request;
 pub mod shared_memory;

@@ -6,6 +6,7 @@
 //! layer only reads the parameters and asks for the bytes through
 //! [`Regions`].
 
+use super::parameters::{Parameters, Value};
 use crate::error::Error;
 use crate::tensor::{Tensor, element_count, request_datatype};
 
@@ -30,18 +31,30 @@ pub struct RegionRef {
 }
 
 impl RegionRef {
-    /// The place the parameters of `tensor` give, `None` when they name no
-    /// region.
+    /// The place the `parameters` of `tensor` (an input or a requested
+    /// output) give, `None` when they name no region.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an offset or a size without a region,
-    /// or a region without a size (Triton's texts).
-    pub fn from_parameters(
-        tensor: &str,
-        region: Option<String>,
-        offset: Option<u64>,
-        byte_size: Option<u64>,
-    ) -> Result<Option<RegionRef>, Error> {
+    /// [`Error::InvalidArgument`] for a region that is not a string, an
+    /// offset or size that is not a non-negative integer (Triton's gRPC text:
+    /// `invalid value type for 'K' parameter for tensor 'T'`), an offset or a
+    /// size without a region, or a region without a size (Triton's texts).
+    pub fn from_parameters(tensor: &str, parameters: &Parameters) -> Result<Option<RegionRef>, Error> {
+        let kind = |key: &str, expected: &str, value: &Value| {
+            Error::InvalidArgument(format!(
+                "invalid value type for '{key}' parameter for tensor '{tensor}', expected {expected}, got {value}"
+            ))
+        };
+        let number = |key: &str| match parameters.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_uint().map(Some).ok_or_else(|| kind(key, "a non-negative integer", v)),
+        };
+        let region = match parameters.get(REGION) {
+            None => None,
+            Some(Value::Text(s)) => Some(s.clone()),
+            Some(v) => return Err(kind(REGION, "a string", v)),
+        };
+        let (offset, byte_size) = (number(OFFSET)?, number(BYTE_SIZE)?);
         let Some(region) = region else {
             for (key, given) in [(OFFSET, offset.is_some()), (BYTE_SIZE, byte_size.is_some())] {
                 if given {

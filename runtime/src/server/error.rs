@@ -1,11 +1,38 @@
-//! The HTTP face of errors: a status code and `{"error": "<message>"}`, as
-//! the KServe v2 protocol specifies.
+//! Errors as the front ends answer them: one table from each class of
+//! [`Error`] to its HTTP status and its gRPC code ([`statuses`]); over
+//! HTTP a status and `{"error": "<message>"}` ([`ApiError`]), as the KServe
+//! v2 protocol specifies, over gRPC a [`tonic::Status`].
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tonic::Code;
 
 use crate::error::Error;
+
+/// The HTTP status and the gRPC code of an error's class. The HTTP
+/// statuses are the KServe v2 protocol's and Triton's; the gRPC codes
+/// follow gRPC's own mapping of those statuses (`doc/http-grpc-status-mapping.md`
+/// in grpc/grpc), except where Triton's gRPC front end answers otherwise.
+pub fn statuses(e: &Error) -> (StatusCode, Code) {
+    match e {
+        Error::InvalidArgument(_) => (StatusCode::BAD_REQUEST, Code::InvalidArgument),
+        Error::NotFound(_) => (StatusCode::NOT_FOUND, Code::NotFound),
+        // 400 over HTTP as in Triton; gRPC has a code of its own.
+        Error::AlreadyExists(_) => (StatusCode::BAD_REQUEST, Code::AlreadyExists),
+        Error::Unavailable(_) | Error::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+        // gRPC's mapping turns a 502 into UNAVAILABLE too.
+        Error::BadGateway(_) => (StatusCode::BAD_GATEWAY, Code::Unavailable),
+        Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+        Error::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, Code::Unimplemented),
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> tonic::Status {
+        tonic::Status::new(statuses(&e).1, e.to_string())
+    }
+}
 
 /// An error answer: its status and message.
 #[derive(Debug)]
@@ -32,14 +59,7 @@ impl ApiError {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> ApiError {
-        let status = match &e {
-            Error::InvalidArgument(_) | Error::AlreadyExists(_) => StatusCode::BAD_REQUEST,
-            Error::NotFound(_) => StatusCode::NOT_FOUND,
-            Error::Unavailable(_) | Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-        };
+        let (status, _) = statuses(&e);
         let retry_after_secs = match &e {
             Error::Overloaded(o) => Some(u64::from(o.retry_after_secs)),
             _ => None,
@@ -74,4 +94,45 @@ pub(super) fn respond(
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Overload;
+
+    #[test]
+    fn every_class_of_error_has_its_http_status_and_grpc_code() {
+        let overload = Overload { message: "full".into(), retry_after_secs: 1 };
+        let table = [
+            (Error::InvalidArgument("m".into()), StatusCode::BAD_REQUEST, Code::InvalidArgument),
+            (Error::NotFound("m".into()), StatusCode::NOT_FOUND, Code::NotFound),
+            (Error::AlreadyExists("m".into()), StatusCode::BAD_REQUEST, Code::AlreadyExists),
+            (Error::Unavailable("m".into()), StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+            (Error::Overloaded(overload), StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+            (Error::BadGateway("m".into()), StatusCode::BAD_GATEWAY, Code::Unavailable),
+            (Error::Internal("m".into()), StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+            (Error::Unsupported("m".into()), StatusCode::NOT_IMPLEMENTED, Code::Unimplemented),
+        ];
+        // A new class fails to compile here until the table has it.
+        let class = |e: &Error| match e {
+            Error::InvalidArgument(_) => 0,
+            Error::NotFound(_) => 1,
+            Error::AlreadyExists(_) => 2,
+            Error::Unavailable(_) => 3,
+            Error::Overloaded(_) => 4,
+            Error::BadGateway(_) => 5,
+            Error::Internal(_) => 6,
+            Error::Unsupported(_) => 7,
+        };
+        let classes: std::collections::BTreeSet<i32> = table.iter().map(|(e, _, _)| class(e)).collect();
+        assert_eq!(classes.len(), 8);
+        for (e, http, grpc) in table {
+            assert_eq!(statuses(&e), (http, grpc), "{e:?}");
+            let api = ApiError::from(e.clone());
+            assert_eq!((api.status, api.message.as_str()), (http, e.to_string().as_str()));
+            let status = tonic::Status::from(e.clone());
+            assert_eq!((status.code(), status.message()), (grpc, e.to_string().as_str()));
+        }
+    }
 }

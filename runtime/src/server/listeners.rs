@@ -25,13 +25,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tonic::codec::CompressionEncoding;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic_health::ServingStatus;
 
-use super::restrictions::Api;
 use super::{ServeOptions, Service, grpc, modelmesh};
-use crate::config::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::lifecycle::ControlMode;
 
 /// How often the gRPC health service checks readiness.
@@ -177,22 +174,9 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
     use modelmesh::proto::model_runtime_server::ModelRuntimeServer;
     let listener = bind(addr, "gRPC").await?;
     tracing::info!("gRPC server listening on {}", local_addr(&listener)?);
-    let inference = GrpcInferenceServiceServer::new(grpc::Grpc { service: service.clone() })
-        .max_decoding_message_size(service.max_body_bytes)
-        .max_encoding_message_size(usize::MAX)
-        .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Deflate)
-        .send_compressed(CompressionEncoding::Gzip)
-        .send_compressed(CompressionEncoding::Deflate);
     let mesh = (service.lifecycle.mode() == ControlMode::ModelMesh)
-        .then(|| grpc::MessageLimit(ModelRuntimeServer::new(modelmesh::MeshRuntime { service: service.clone() })));
+        .then(|| ModelRuntimeServer::new(modelmesh::MeshRuntime { service: service.clone() }));
     let (health, health_service) = tonic_health::server::health_reporter();
-    // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
-    let restrictions = service.grpc_restrictions.clone();
-    let health_service = tonic::service::interceptor::InterceptedService::new(health_service, move |request| {
-        grpc::restricted(&restrictions, Api::Health, tonic::Request::metadata(&request))?;
-        Ok(request)
-    });
     let watched = service.clone();
     tokio::spawn(async move {
         // The health service follows readiness, within HEALTH_INTERVAL.
@@ -225,8 +209,11 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(
         tonic::transport::Server::builder()
+            // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
+            .layer(grpc::Restricted::layer(service.grpc_restrictions.clone()))
+            .layer(grpc::MessageLimit::layer())
             .add_service(health_service)
-            .add_service(grpc::MessageLimit(inference))
+            .add_service(grpc::inference(service))
             .add_optional_service(mesh)
             .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), async {
                 stopped.await.unwrap_or(())

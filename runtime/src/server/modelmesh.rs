@@ -16,7 +16,7 @@ use crate::lifecycle::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 
 /// Code generated from `proto/model_runtime.proto`.
 pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/mmesh.rs"));
+    include!(concat!(env!("OUT_DIR"), "/wire/mmesh.rs"));
 }
 
 use proto::model_runtime_server::ModelRuntime;

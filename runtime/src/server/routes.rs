@@ -14,17 +14,18 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::error::ApiError;
-use super::service::{self, EXTENSIONS, InferCall, ParameterValue, SERVER_NAME, Service};
+use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
 use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces, RegionStatus};
 use crate::error::Error;
-use crate::lifecycle::{FILE_PREFIX, LoadRequest};
-use crate::model::{Model, OutputRequest};
+use crate::model::Model;
 use crate::plugin::RawRequest;
 use crate::protocol::binary::{self, HEADER_LENGTH, OutputForm};
-use crate::protocol::json::{InferRequest, InferResponse, ModelMetadata};
+use crate::protocol::json::{InferResponse, ModelMetadata};
+use crate::protocol::parameters::{Front, Parameters};
+use crate::protocol::repository;
+use crate::protocol::request::RequestHead;
 use crate::registry::UNKNOWN_MODEL;
 use crate::scheduler::Timing;
-use crate::scheduler::policy::RequestOptions;
 use crate::tensor::DataType;
 use crate::trace::{Span, Update};
 
@@ -115,32 +116,27 @@ pub async fn infer(
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
         .infer(&m, trace.map(|Extension(span)| span), |m| {
-            let binary::Decoded { request, tensors } =
+            let binary::Decoded { request, head, tensors } =
                 binary::decode(header_length, &body, (&m.name, &m.signature), &service.shared_memory)?;
-            let options = request_options(&request)?;
-            let requested = requested_outputs(&request)?;
-            let places = output_places(&service, &request)?;
-            refuse_json_only_binary_outputs(m, &request, &requested, &places)?;
-            Ok((InferCall { tensors, requested, options }, (request, places)))
+            let places = service::output_places(&service, &head.outputs)?;
+            refuse_json_only_binary_outputs(m, &head, &places)?;
+            let call = InferCall::new(tensors, &head, request.id.clone(), None);
+            Ok((call, (request.id, head, places)))
         })
         .await?;
-    let (request, places) = inferred.request;
+    let (id, head, places) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
         let form = if places.write(&t)? {
             OutputForm::SharedMemory
-        } else if binary::wants_binary(&request, &t.name) {
+        } else if head.wants_binary(&t.name) {
             OutputForm::Binary
         } else {
             OutputForm::Json
         };
         Ok((t, form))
     });
-    let response = InferResponse {
-        model_name: m.name.clone(),
-        model_version: m.version.to_string(),
-        id: request.id.clone(),
-        outputs: Vec::new(),
-    };
+    let response =
+        InferResponse { model_name: m.name.clone(), model_version: m.version.to_string(), id, outputs: Vec::new() };
     let encoded = binary::encode(response, outputs.collect::<Result<_, Error>>()?)?;
     let mut headers = HeaderMap::new();
     let content_type = match encoded.header_length {
@@ -153,71 +149,6 @@ pub async fn infer(
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert("server-timing", server_timing(&timing_entries(&inferred.timing)));
     Ok((headers, encoded.body).into_response())
-}
-
-/// The outputs a request asks for, each with its `classification` count
-/// (the classification extension's output parameter; 0 means none).
-fn requested_outputs(request: &InferRequest) -> Result<Vec<OutputRequest>, Error> {
-    let outputs = request.outputs.iter().flatten();
-    outputs
-        .map(|o| {
-            let classification = match o.parameters.get("classification") {
-                None | Some(serde_json::Value::Null) => None,
-                Some(v) => Some(v.as_u64().filter(|&n| n <= u32::MAX as u64).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "output '{}': parameter 'classification' must be a non-negative integer, got {v}",
-                        o.name
-                    ))
-                })? as usize),
-            };
-            Ok(OutputRequest { name: o.name.clone(), classification: classification.filter(|&n| n > 0) })
-        })
-        .collect()
-}
-
-/// Where the requested outputs that name a shared memory region go, each
-/// checked against its region now, before the model runs.
-fn output_places(service: &Service, request: &InferRequest) -> Result<OutputPlaces, Error> {
-    let mut places = OutputPlaces::default();
-    for o in request.outputs.iter().flatten() {
-        let Some(at) = binary::region(&o.name, &o.parameters)? else { continue };
-        for (key, set) in [
-            ("classification", o.parameters.get("classification").is_some_and(|v| !v.is_null())),
-            ("binary_data", o.parameters.get("binary_data").and_then(serde_json::Value::as_bool) == Some(true)),
-        ] {
-            if set {
-                return Err(Error::InvalidArgument(format!(
-                    "Output can't set both 'shared_memory_region' and '{key}' (output '{}')",
-                    o.name
-                )));
-            }
-        }
-        places.insert(o.name.clone(), service.shared_memory.output(at)?);
-    }
-    Ok(places)
-}
-
-/// The scheduling options in the request `parameters`: `priority` (a
-/// priority level, 1 = highest), `timeout` (queue timeout in
-/// microseconds) and the sequence parameters, as Triton reads them.
-fn request_options(request: &InferRequest) -> Result<RequestOptions, Error> {
-    use serde_json::Value;
-    let sequence = service::sequence_request(|key| {
-        Some(match request.parameters.get(key)? {
-            Value::Null => return None,
-            Value::Bool(b) => ParameterValue::Bool(*b),
-            Value::String(s) => ParameterValue::Text(s),
-            Value::Number(n) if n.is_u64() => ParameterValue::Uint(n.as_u64().unwrap_or(0)),
-            other => ParameterValue::Other(other.to_string()),
-        })
-    })?;
-    Ok(RequestOptions {
-        priority: request.uint_parameter("priority")?,
-        timeout_us: request.uint_parameter("timeout")?,
-        sequence,
-        request_id: request.id.clone(),
-        trace: None,
-    })
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/predict`: the raw body goes through
@@ -254,16 +185,11 @@ pub async fn predict(
 
 /// FP16 and BF16 outputs have no JSON form: refused before the model runs
 /// unless asked for as binary data.
-fn refuse_json_only_binary_outputs(
-    m: &Model,
-    request: &InferRequest,
-    requested: &[OutputRequest],
-    places: &OutputPlaces,
-) -> Result<(), Error> {
-    let as_tensor = |name: &str| requested.iter().any(|r| r.name == name && r.classification.is_none());
-    let returned = m.signature.outputs.iter().filter(|o| requested.is_empty() || as_tensor(&o.name));
+fn refuse_json_only_binary_outputs(m: &Model, head: &RequestHead, places: &OutputPlaces) -> Result<(), Error> {
+    let as_tensor = |name: &str| head.outputs.iter().any(|o| o.name == name && o.classification.is_none());
+    let returned = m.signature.outputs.iter().filter(|o| head.outputs.is_empty() || as_tensor(&o.name));
     for o in returned {
-        let has_json = !binary::wants_binary(request, &o.name) && !places.contains(&o.name);
+        let has_json = !head.wants_binary(&o.name) && !places.contains(&o.name);
         if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && has_json {
             return Err(Error::InvalidArgument(format!(
                 "output '{}' is {}, which has no JSON representation; ask for it with \"binary_data\": true (binary tensor data extension)",
@@ -351,50 +277,9 @@ pub async fn load_model(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let body = body.map_err(|e| rejected_body(&service, e))?;
-    let request = if body.is_empty() { LoadRequest::default() } else { load_request(&body)? };
+    let request = repository::load_request(Front::Http, &repository_parameters(&body, "load")?)?;
     service.load(&name, request).await?;
     Ok(Json(serde_json::json!({})))
-}
-
-/// Reads a load request's parameters; any other parameter is refused.
-fn load_request(body: &[u8]) -> Result<LoadRequest, ApiError> {
-    use base64::Engine;
-    use serde_json::Value;
-    let request: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed load request JSON: {e}")))?;
-    let mut load = LoadRequest::default();
-    let parameters = match request.get("parameters") {
-        None | Some(Value::Null) => return Ok(load),
-        Some(Value::Object(parameters)) => parameters,
-        Some(other) => return Err(ApiError::bad_request(format!("'parameters' must be an object, got {other}"))),
-    };
-    for (key, value) in parameters {
-        if key == "config" {
-            load.config = match value {
-                Value::Null => None,
-                Value::String(s) => Some(s.clone()),
-                object @ Value::Object(_) => Some(object.to_string()),
-                other => {
-                    return Err(ApiError::bad_request(format!(
-                        "parameter 'config' must be a JSON model configuration, got {other}"
-                    )));
-                }
-            };
-        } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
-            let bytes = value
-                .as_str()
-                .and_then(|text| base64::engine::general_purpose::STANDARD.decode(text).ok())
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!("parameter '{key}' must be the file's content in base64"))
-                })?;
-            load.files.insert(path.to_owned(), bytes);
-        } else {
-            return Err(ApiError::bad_request(format!(
-                "unknown load parameter '{key}'; a load takes 'config' and '{FILE_PREFIX}<version>/<name>'"
-            )));
-        }
-    }
-    Ok(load)
 }
 
 /// `POST /v2/repository/models/{m}/unload` (explicit mode): requests already
@@ -406,35 +291,25 @@ pub async fn unload_model(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let body = body.map_err(|e| rejected_body(&service, e))?;
-    let dependents = if body.is_empty() { false } else { unload_dependents(&body)? };
+    let dependents = repository::unload_dependents(&repository_parameters(&body, "unload")?)?;
     service.unload(&name, dependents).await?;
     Ok(Json(serde_json::json!({})))
 }
 
-/// Reads an unload request's parameters: only `unload_dependents`.
-fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
-    use serde_json::Value;
-    let request: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("malformed unload request JSON: {e}")))?;
-    let mut dependents = false;
-    if let Some(parameters) = request.get("parameters").and_then(Value::as_object) {
-        for (key, value) in parameters {
-            match (key.as_str(), value.as_bool()) {
-                ("unload_dependents", Some(flag)) => dependents = flag,
-                ("unload_dependents", None) => {
-                    return Err(ApiError::bad_request(format!(
-                        "parameter 'unload_dependents' must be true or false, got {value}"
-                    )));
-                }
-                (other, _) => {
-                    return Err(ApiError::bad_request(format!(
-                        "unknown unload parameter '{other}'; an unload takes 'unload_dependents'"
-                    )));
-                }
-            }
-        }
+/// The `parameters` of a repository request's optional JSON body (`what`
+/// names the request in the error).
+fn repository_parameters(body: &[u8], what: &str) -> Result<Parameters, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct RepositoryRequest {
+        #[serde(default)]
+        parameters: Parameters,
     }
-    Ok(dependents)
+    if body.is_empty() {
+        return Ok(Parameters::default());
+    }
+    let request: RepositoryRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed {what} request JSON: {e}")))?;
+    Ok(request.parameters)
 }
 
 /// `GET /v2/logging`: the log settings (Triton's logging extension).

@@ -11,18 +11,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::logging::Logging;
 use super::restrictions::Restrictions;
-use super::shared_memory::SharedMemory;
+use super::shared_memory::{OutputPlaces, SharedMemory};
 use crate::config::ModelConfig;
 use crate::error::Error;
-use crate::lifecycle::{Lifecycle, LoadRequest};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::ModelStatistics;
 use crate::model::{Model, OutputRequest, PredictTiming};
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
+use crate::protocol::repository::LoadRequest;
+use crate::protocol::request::{RequestHead, RequestedOutput};
 use crate::registry::{IndexEntry, Registry, RepositoryState, UNKNOWN_MODEL};
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
-use crate::scheduler::sequence::{CorrelationId, SequenceRequest};
+use crate::scheduler::sequence::{Owner, SequenceRequest};
 use crate::tensor::{Tensor, TensorSpec};
 use crate::trace::{Front, Span, Tracing, Update};
 use opentelemetry::KeyValue;
@@ -88,60 +90,40 @@ pub struct InferCall {
     pub options: RequestOptions,
 }
 
-/// A request parameter's value, as either front end carries it.
-#[derive(Debug)]
-pub enum ParameterValue<'a> {
-    /// An unsigned integer (JSON number, gRPC `uint64_param`).
-    Uint(u64),
-    /// A signed integer (gRPC `int64_param`).
-    Int(i64),
-    /// A boolean.
-    Bool(bool),
-    /// A string.
-    Text(&'a str),
-    /// Anything else, as the front end prints it.
-    Other(String),
+impl InferCall {
+    /// The call a decoded request makes: its inputs, its `head` (the
+    /// outputs it asks for and its parameters), the client's request `id`,
+    /// and the stream it came on, if any (which owns the sequences it
+    /// starts).
+    pub fn new(tensors: Vec<Tensor>, head: &RequestHead, id: Option<String>, stream: Option<Owner>) -> InferCall {
+        let requested = head
+            .outputs
+            .iter()
+            .map(|o| OutputRequest { name: o.name.clone(), classification: o.classification })
+            .collect();
+        let p = &head.parameters;
+        let sequence =
+            p.sequence.clone().map(|s| SequenceRequest { id: s.id.into(), start: s.start, end: s.end, owner: stream });
+        let options =
+            RequestOptions { priority: p.priority, timeout_us: p.timeout_us, sequence, request_id: id, trace: None };
+        InferCall { tensors, requested, options }
+    }
 }
 
-/// The sequence parameters of a request (`sequence_id`, `sequence_start`,
-/// `sequence_end`; Triton's `docs/protocol/extension_sequence.md`), read
-/// through `get`; `None` when it has none of them. A missing
-/// `sequence_id` reads as 0, which the sequence batcher refuses.
+/// Where the requested outputs that name a shared memory region go, each
+/// checked against its region now, before the model runs.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a `sequence_id` that is neither a
-/// non-negative integer nor a string, or a flag that is not a boolean.
-pub fn sequence_request<'a>(
-    get: impl Fn(&str) -> Option<ParameterValue<'a>>,
-) -> Result<Option<SequenceRequest>, Error> {
-    let id = match get("sequence_id") {
-        None => None,
-        Some(ParameterValue::Uint(n)) => Some(CorrelationId::Uint(n)),
-        Some(ParameterValue::Int(n)) if n >= 0 => Some(CorrelationId::Uint(n as u64)),
-        Some(ParameterValue::Text(s)) => Some(CorrelationId::Text(s.to_owned())),
-        Some(other) => {
-            return Err(Error::InvalidArgument(format!(
-                "request parameter 'sequence_id' must be a non-negative integer or a string, got {other:?}"
-            )));
+/// The errors of [`SharedMemory::output`] (an unregistered region, a place
+/// past its end).
+pub fn output_places(service: &Service, outputs: &[RequestedOutput]) -> Result<OutputPlaces, Error> {
+    let mut places = OutputPlaces::default();
+    for o in outputs {
+        if let Some(at) = &o.region {
+            places.insert(o.name.clone(), service.shared_memory.output(at.clone())?);
         }
-    };
-    let flag = |key: &str| match get(key) {
-        None => Ok(None),
-        Some(ParameterValue::Bool(b)) => Ok(Some(b)),
-        Some(other) => {
-            Err(Error::InvalidArgument(format!("request parameter '{key}' must be a boolean, got {other:?}")))
-        }
-    };
-    let (start, end) = (flag("sequence_start")?, flag("sequence_end")?);
-    if id.is_none() && start.is_none() && end.is_none() {
-        return Ok(None);
     }
-    Ok(Some(SequenceRequest {
-        id: id.unwrap_or(CorrelationId::Uint(0)),
-        start: start.unwrap_or(false),
-        end: end.unwrap_or(false),
-        owner: None,
-    }))
+    Ok(places)
 }
 
 /// What an inference returned.
@@ -286,8 +268,10 @@ impl Service {
     /// changed, with the request's `config` and `file:` overrides.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] with every failure's reason, or when the
-    /// control mode has no explicit loads.
+    /// [`Error::InvalidArgument`] (HTTP 400, gRPC INVALID_ARGUMENT) with
+    /// every failure's reason; [`Error::Unavailable`] (HTTP 503, gRPC
+    /// UNAVAILABLE) when the control mode has no explicit loads, as Triton
+    /// answers.
     pub async fn load(&self, name: &str, request: LoadRequest) -> Result<(), Error> {
         Ok(self.lifecycle.load(name, request).await?)
     }

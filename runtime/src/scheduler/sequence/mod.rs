@@ -31,6 +31,7 @@ use super::Timing;
 use crate::backend::{Backend, BackendError};
 use crate::error::Error;
 use crate::metrics::{Compute, FailureReason, ModelMetrics, SequenceEnd};
+use crate::protocol::request::SequenceId;
 use crate::tensor::Tensor;
 
 /// A sequence's correlation id, the v2 `sequence_id` parameter: an unsigned
@@ -46,6 +47,15 @@ pub enum CorrelationId {
     /// sequence model); no client can name it. A CORRID control reads it as
     /// `2^63 + n` (integer) or `plinth-N` (string).
     Host(u64),
+}
+
+impl From<SequenceId> for CorrelationId {
+    fn from(id: SequenceId) -> CorrelationId {
+        match id {
+            SequenceId::Uint(n) => CorrelationId::Uint(n),
+            SequenceId::Text(s) => CorrelationId::Text(s),
+        }
+    }
 }
 
 /// Where host ids start in an integer CORRID control.

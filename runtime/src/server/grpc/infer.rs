@@ -1,0 +1,99 @@
+//! One `ModelInferRequest` through the service core, for `ModelInfer` and
+//! for each request of a `ModelStreamInfer` stream: decoded by the
+//! protocol's gRPC codec, traced when the trace settings say so.
+
+use opentelemetry::KeyValue;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+use tracing::Instrument;
+
+use crate::error::Error;
+use crate::protocol::grpc::{self as codec, OutputPlace, proto as pb};
+use crate::scheduler::sequence::Owner;
+use crate::server::service::{self, InferCall, Service};
+use crate::trace::{Front, Span};
+
+/// An empty version field means "the server's choice".
+pub fn version(v: &str) -> Result<Option<u64>, Error> {
+    if v.is_empty() { Ok(None) } else { service::parse_version(v).map(Some) }
+}
+
+/// The W3C trace context a call's metadata carries.
+#[derive(Clone, Default)]
+pub struct TraceHeaders {
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl TraceHeaders {
+    /// The trace context of a call's `metadata`.
+    pub fn of(metadata: &MetadataMap) -> TraceHeaders {
+        let get = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        TraceHeaders { traceparent: get("traceparent"), tracestate: get("tracestate") }
+    }
+}
+
+/// [`infer`] under the request's root span when it is traced: `call` is
+/// the method it came on and the call's trace context.
+pub async fn traced_infer(
+    service: &Service,
+    r: pb::ModelInferRequest,
+    stream: Option<Owner>,
+    call: (&'static str, &TraceHeaders),
+) -> Result<pb::ModelInferResponse, Status> {
+    let (method, headers) = call;
+    let front = Front::Grpc(method);
+    let span = service.start_trace(&r.model_name, front, headers.traceparent.as_deref(), headers.tracestate.as_deref());
+    let Some(span) = span else { return infer(service, r, stream, None).await };
+    // The request's log lines carry its trace id (`--log-format json`).
+    let log = tracing::info_span!("request", trace_id = %span.trace_id());
+    let result = infer(service, r, stream, Some(span.clone())).instrument(log).await;
+    let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+    span.set(KeyValue::new("rpc.grpc.status_code", code as i64));
+    // OpenTelemetry's gRPC conventions: the codes that fail a server span.
+    use tonic::Code as C;
+    if let Err(status) = &result
+        && matches!(
+            code,
+            C::Unknown | C::DeadlineExceeded | C::Unimplemented | C::Internal | C::Unavailable | C::DataLoss
+        )
+    {
+        span.fail(status.message());
+    }
+    span.event("INFER_RESPONSE_COMPLETE");
+    span.event("GRPC_SEND_START");
+    span.end();
+    result
+}
+
+/// Runs one `ModelInferRequest` through the service core; `stream` is the
+/// `ModelStreamInfer` call it came on, if any (it owns the sequences it
+/// starts); `trace` its root span, when it is traced.
+async fn infer(
+    service: &Service,
+    r: pb::ModelInferRequest,
+    stream: Option<Owner>,
+    trace: Option<Span>,
+) -> Result<pb::ModelInferResponse, Status> {
+    let m = service.model(&r.model_name, version(&r.model_version)?).await?;
+    let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
+    let id = (!r.id.is_empty()).then(|| r.id.clone());
+    let inferred = service
+        .infer(&m, trace, |_| {
+            let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &service.shared_memory)?;
+            let places = service::output_places(service, &decoded.head.outputs)?;
+            let sequence = decoded.head.parameters.sequence.clone();
+            Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (places, sequence)))
+        })
+        .await?;
+    let (places, sequence) = inferred.request;
+    let outputs = inferred
+        .outputs
+        .into_iter()
+        .map(|t| {
+            let place = if places.write(&t)? { OutputPlace::SharedMemory } else { OutputPlace::Raw };
+            Ok((t, place))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(codec::encode((&m.name, m.version), r.id, sequence.as_ref(), outputs))
+}

@@ -1,0 +1,139 @@
+//! `ModelStreamInfer`: the requests of one bidirectional stream, each run
+//! as it arrives and answered as it completes, with the sequences a stream
+//! opens kept in order and ended with it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::oneshot::error::TryRecvError;
+use tonic::{Status, Streaming};
+
+use super::infer::{TraceHeaders, traced_infer, version};
+use super::layers;
+use crate::protocol::grpc::{self as codec, proto as pb};
+use crate::protocol::request;
+use crate::scheduler::sequence::{CorrelationId, Owner, new_owner};
+use crate::server::service::Service;
+
+/// Answers buffered on a stream before its requests wait for the client to
+/// read them.
+pub const STREAM_BUFFER: usize = 64;
+
+/// A sequence a stream carries: model name, version field, correlation id.
+type StreamSequence = (String, String, CorrelationId);
+
+/// Serves one `ModelStreamInfer` call: reads requests until the client ends
+/// its side, runs each as its own task, and sends each answer as it is
+/// ready. Requests of one sequence run one after another, in the order
+/// they came, each after the one before was answered. The tasks are
+/// aborted (their queued requests taken out, which cancels their
+/// sequences) when the client cancels or stops reading; when the stream
+/// ends, the sequences it opened and left open end.
+pub async fn serve_stream(
+    service: Arc<Service>,
+    mut requests: Streaming<pb::ModelInferRequest>,
+    answers: tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+    headers: TraceHeaders,
+) {
+    let owner = new_owner();
+    let mut running = tokio::task::JoinSet::new();
+    // Each sequence's last request so far: its answer has been sent when
+    // the receiver reports its sender gone.
+    let mut sequences: HashMap<StreamSequence, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
+    // The sequences the stream sent requests of and did not see end.
+    let mut opened: HashSet<StreamSequence> = HashSet::new();
+    let mut reading = true;
+    while reading || !running.is_empty() {
+        tokio::select! {
+            next = requests.message(), if reading => match next {
+                Ok(Some(request)) => {
+                    let (service, headers) = (service.clone(), headers.clone());
+                    let turn = match request::sequence(&codec::parameters(&request.parameters)) {
+                        Ok(Some(sequence)) => {
+                            // Sequences whose last request has been answered
+                            // need no entry, unless still open.
+                            sequences.retain(|_, done| matches!(done.try_recv(), Err(TryRecvError::Empty)));
+                            let id = CorrelationId::from(sequence.id);
+                            let key = (request.model_name.clone(), request.model_version.clone(), id);
+                            let (answered, done) = tokio::sync::oneshot::channel();
+                            let previous = sequences.insert(key.clone(), done);
+                            opened.insert(key.clone());
+                            Some((previous, answered, key, sequence.end))
+                        }
+                        _ => None,
+                    };
+                    running.spawn(async move {
+                        let Some((previous, answered, key, end)) = turn else {
+                            return (stream_answer(&service, request, owner, &headers).await, None);
+                        };
+                        if let Some(turn) = previous {
+                            let _ = turn.await;
+                        }
+                        (stream_answer(&service, request, owner, &headers).await, Some((answered, key, end)))
+                    });
+                }
+                Ok(None) => reading = false,
+                // A message over the limit ends the stream with its status.
+                Err(status) if let Some(exhausted) = layers::over_the_limit(&status) => {
+                    let _ = answers.send(Err(exhausted)).await;
+                    break;
+                }
+                // The client cancelled the call or the connection broke.
+                Err(_) => break,
+            },
+            Some(done) = running.join_next() => {
+                let (answer, sequence) = done.unwrap_or_else(|e| {
+                    (stream_error(String::new(), &format!("the request failed: {e}")), None)
+                });
+                let succeeded = answer.error_message.is_empty();
+                let sent = answers.send(Ok(answer)).await;
+                // The sequence's next request may run now that this answer
+                // is on its way, so the answers keep the requests' order.
+                if let Some((answered, key, end)) = sequence {
+                    if end && succeeded {
+                        opened.remove(&key);
+                    }
+                    drop(answered);
+                }
+                if sent.is_err() {
+                    break;
+                }
+            },
+            () = answers.closed() => break,
+        }
+    }
+    // Requests still running are cancelled, and with them their sequences.
+    drop(running);
+    for (model, version_field, id) in opened {
+        // Never loads: a model that is not resident holds no sequences. A
+        // sequence that ended, or that another client opened since under
+        // the same id, is left alone.
+        if let Ok(m) = version(&version_field).and_then(|v| service.registry().resolve(&model, v)) {
+            m.release_sequence(&id, owner);
+        }
+    }
+}
+
+/// The stream's answer to one request: its response, or its error with its
+/// id, as Triton answers on the stream. `owner` is the stream.
+async fn stream_answer(
+    service: &Service,
+    request: pb::ModelInferRequest,
+    owner: Owner,
+    headers: &TraceHeaders,
+) -> pb::ModelStreamInferResponse {
+    let id = request.id.clone();
+    let answer = match service.begin_inference() {
+        Ok(_counted) => traced_infer(service, request, Some(owner), ("ModelStreamInfer", headers)).await,
+        Err(e) => Err(e.into()),
+    };
+    match answer {
+        Ok(response) => pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+        Err(status) => stream_error(id, status.message()),
+    }
+}
+
+fn stream_error(id: String, message: &str) -> pb::ModelStreamInferResponse {
+    let infer_response = pb::ModelInferResponse { id, ..Default::default() };
+    pb::ModelStreamInferResponse { error_message: message.to_owned(), infer_response: Some(infer_response) }
+}
