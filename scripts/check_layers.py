@@ -21,7 +21,7 @@ import sys
 
 # Lowest first; modules on one line are one layer (README "Layout").
 LAYERS = [
-    ["tensor", "error", "gpu"],
+    ["tensor", "error", "gpu", "drain"],
     ["config", "repository", "metrics", "protocol", "trace"],
     ["backend"],
     ["scheduler"],

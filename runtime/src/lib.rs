@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod drain;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

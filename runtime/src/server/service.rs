@@ -7,12 +7,13 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::logging::Logging;
 use super::restrictions::Restrictions;
 use super::shared_memory::{OutputPlaces, SharedMemory};
 use crate::config::ModelConfig;
+use crate::drain::{Hold, InUse};
 use crate::error::Error;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::ModelStatistics;
@@ -58,7 +59,7 @@ pub struct Service {
     /// Set `--drain-delay-secs` after SIGTERM/SIGINT: no new inference.
     pub refusing: AtomicBool,
     /// Inference requests accepted and not yet answered.
-    pub in_flight: AtomicUsize,
+    pub in_flight: InUse,
     /// `--strict-readiness`: ready only when every model is READY.
     pub strict_readiness: bool,
     /// `--http-max-body-bytes`: the largest body (and gRPC message) taken.
@@ -145,7 +146,7 @@ impl Service {
             startup_done: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
+            in_flight: InUse::default(),
             strict_readiness,
             max_body_bytes,
             logging: None,
@@ -174,8 +175,8 @@ impl Service {
     ///
     /// # Errors
     /// [`Error::Unavailable`] once shutdown has stopped taking requests.
-    pub fn begin_inference(&self) -> Result<InFlight<'_>, Error> {
-        let guard = InFlight::enter(&self.in_flight);
+    pub fn begin_inference(&self) -> Result<Hold, Error> {
+        let guard = self.in_flight.hold();
         // Checked after counting, so shutdown never misses a request it let in.
         if self.refusing.load(Ordering::Acquire) {
             return Err(Error::Unavailable("the server is shutting down".into()));
@@ -400,21 +401,4 @@ pub fn parse_version(v: &str) -> Result<u64, Error> {
             Error::InvalidArgument(format!("model version must be a whole number without leading zeros, got '{v}'"))
         }
     })
-}
-
-/// One request counted in flight until it is dropped: answered, or
-/// abandoned because its client went away.
-pub struct InFlight<'a>(&'a AtomicUsize);
-
-impl InFlight<'_> {
-    fn enter(count: &AtomicUsize) -> InFlight<'_> {
-        count.fetch_add(1, Ordering::AcqRel);
-        InFlight(count)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }

@@ -12,9 +12,6 @@ use tokio::time::Instant;
 
 use super::Service;
 
-/// How often the drain looks at the requests still in flight.
-const DRAIN_POLL: Duration = Duration::from_millis(10);
-
 /// Waits for SIGTERM or SIGINT.
 pub(super) async fn signalled() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -45,11 +42,7 @@ pub(super) async fn stop_taking(service: &Service, drain_delay: Duration) {
 /// or for the workers that run them, would hold the process past the
 /// timeout the orchestrator was promised.
 pub(super) async fn finish_accepted(service: &Service, deadline: Instant) {
-    while service.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(DRAIN_POLL).await;
-    }
-    let unfinished = service.in_flight.load(Ordering::Acquire);
-    if unfinished > 0 {
+    if let Err(unfinished) = service.in_flight.none_by(deadline).await {
         tracing::warn!(unfinished, "exit timeout reached with requests still running; exiting without them");
         std::process::exit(1);
     }

@@ -1,0 +1,259 @@
+//! An accepted connection as the servers read and write it: counted fresh
+//! until its first read (shutdown waits for that), closed with a linger so
+//! a client's unread bytes never reset the answer, and, over HTTP, hyper's
+//! bodyless error answers given a JSON body and each request head kept
+//! within hyper's limit.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::drain::Hold;
+
+/// How long a connection the server closes keeps reading, and discarding,
+/// what its client still sends (a body the answer made moot, such as that
+/// of a 413 or a 503): closing a socket with unread data resets it, and
+/// the reset can overtake the answer.
+const LINGER_ON_CLOSE: Duration = Duration::from_secs(2);
+
+/// An accepted connection: the TCP stream, plus what shutdown needs to know
+/// of it, a lingering close, and (HTTP) hyper's bodyless error answers
+/// given a JSON body.
+pub(super) struct Conn {
+    stream: TcpStream,
+    /// Held until the first read returns: the first request may still be
+    /// on its way.
+    fresh: Option<Hold>,
+    /// Whether writes go through [`crate::server::http::explain_automatic_answer`].
+    explain: bool,
+    /// An answer written in place of hyper's, and how much of it is out;
+    /// once set, everything hyper writes after it is dropped.
+    replacement: Option<(Vec<u8>, usize)>,
+    /// While closing: when to stop discarding what the client sends.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// HTTP: keeps each request head within hyper's limit.
+    head: Option<crate::server::http::HeadLimit>,
+}
+
+impl Conn {
+    /// The connection `stream`, counted in `fresh` until its first read;
+    /// `explain` gives hyper's bodyless error answers a JSON body (HTTP).
+    pub(super) fn new(stream: TcpStream, fresh: Hold, explain: bool) -> Conn {
+        let head = explain.then(crate::server::http::HeadLimit::new);
+        Conn { stream, fresh: Some(fresh), explain, replacement: None, linger: None, head }
+    }
+
+    /// Whether `written`, hyper's next write, is one of its bodyless error
+    /// answers; if so it is replaced, from now on.
+    fn replaces(&mut self, written: &[u8]) -> bool {
+        if self.replacement.is_none()
+            && self.explain
+            && let Some(answer) = crate::server::http::explain_automatic_answer(written)
+        {
+            self.replacement = Some((answer, 0));
+        }
+        self.replacement.is_some()
+    }
+
+    /// Writes what is left of the replacement answer.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((answer, written)) = &mut self.replacement
+            && *written < answer.len()
+        {
+            let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &answer[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let cap = self.head.and_then(|h| h.cap()).filter(|&cap| cap < buf.remaining());
+        let before = buf.filled().len();
+        let read = match cap {
+            None => ready!(Pin::new(&mut self.stream).poll_read(cx, buf)),
+            Some(cap) => {
+                let mut capped = buf.take(cap);
+                let read = ready!(Pin::new(&mut self.stream).poll_read(cx, &mut capped));
+                let n = capped.filled().len();
+                // SAFETY: the stream filled (so initialised) the first `n`
+                // bytes of `buf`'s unfilled part, through `capped`.
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                read
+            }
+        };
+        if let Some(head) = &mut self.head {
+            head.read(&buf.filled()[before..]);
+        }
+        // The connection is no longer fresh.
+        self.fresh = None;
+        Poll::Ready(read)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(head) = &mut self.head {
+            head.answering();
+        }
+        if self.replaces(buf) {
+            ready!(self.poll_replacement(cx))?;
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // hyper writes an answer's head as the first buffer, and its
+        // automatic answers as a head alone.
+        if let Some(head) = &mut self.head {
+            head.answering();
+        }
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
+        if (first.len() == total && self.replaces(first)) || self.replacement.is_some() {
+            ready!(self.poll_replacement(cx))?;
+            return Poll::Ready(Ok(total));
+        }
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_replacement(cx))?;
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    /// Sends FIN after the answer, then reads and drops what the client
+    /// still sends until it closes too, for at most [`LINGER_ON_CLOSE`].
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_replacement(cx))?;
+        let this = &mut *self;
+        if this.linger.is_none() {
+            // A peer that is gone already has nothing more to read either.
+            if ready!(Pin::new(&mut this.stream).poll_shutdown(cx)).is_err() {
+                return Poll::Ready(Ok(()));
+            }
+            this.linger = Some(Box::pin(tokio::time::sleep(LINGER_ON_CLOSE)));
+        }
+        let mut scratch = [0u8; 4096];
+        loop {
+            let mut unread = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.stream).poll_read(cx, &mut unread) {
+                Poll::Ready(Ok(())) if !unread.filled().is_empty() => {}
+                Poll::Ready(_) => return Poll::Ready(Ok(())),
+                Poll::Pending => break,
+            }
+        }
+        match this.linger.as_mut() {
+            Some(linger) => linger.as_mut().poll(cx).map(Ok),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::drain::InUse;
+
+    const HYPER_400: &[u8] =
+        b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 02 Dec 2026 19:59:19 GMT\r\n\r\n";
+
+    /// A connected pair: the client's std stream and the server's `Conn`,
+    /// and the count of fresh connections.
+    async fn pair(explain: bool) -> (std::net::TcpStream, Conn, InUse) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let fresh = InUse::default();
+        let conn = Conn::new(stream, fresh.hold(), explain);
+        (client, conn, fresh)
+    }
+
+    /// Everything the client reads until the server closes.
+    fn read_all(mut client: std::net::TcpStream) -> Vec<u8> {
+        let mut received = Vec::new();
+        client.read_to_end(&mut received).unwrap();
+        received
+    }
+
+    #[tokio::test]
+    async fn hyper_s_bodyless_error_answer_goes_out_with_a_json_body() {
+        let (client, mut conn, _) = pair(true).await;
+        let reader = std::thread::spawn(move || read_all(client));
+        conn.write_all(HYPER_400).await.unwrap();
+        conn.shutdown().await.unwrap();
+        let received = String::from_utf8(reader.join().unwrap()).unwrap();
+        let (head, body) = received.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+        assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
+        assert!(head.contains("\r\ndate: Wed, 02 Dec 2026 19:59:19 GMT"), "{head}");
+        assert!(head.contains(&format!("\r\ncontent-length: {}", body.len())), "{head}");
+        let error: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(error["error"].as_str().unwrap().starts_with("malformed HTTP/1.1 request"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn other_writes_and_other_servers_go_out_as_they_are() {
+        // An answer of ours; hyper's error head with a body after it; on
+        // gRPC, no write is looked at.
+        let ours =
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}".to_vec();
+        let mut with_body = HYPER_400.to_vec();
+        with_body.extend_from_slice(b"x");
+        for (explain, written) in [(true, ours), (true, with_body), (false, HYPER_400.to_vec())] {
+            let (client, mut conn, _) = pair(explain).await;
+            let reader = std::thread::spawn(move || read_all(client));
+            conn.write_all(&written).await.unwrap();
+            conn.shutdown().await.unwrap();
+            assert_eq!(reader.join().unwrap(), written);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_fresh_until_its_first_read() {
+        let (mut client, mut conn, accepted) = pair(true).await;
+        assert_eq!(accepted.count(), 1);
+        client.write_all(b"GET").unwrap();
+        let mut got = [0u8; 3];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(accepted.count(), 0);
+        drop(conn);
+        assert_eq!(accepted.count(), 0, "counted once");
+        let (_client, conn, accepted) = pair(true).await;
+        drop(conn);
+        assert_eq!(accepted.count(), 0, "a connection closed unread is no longer waited for");
+    }
+}
