@@ -16,7 +16,7 @@ use crate::backend::fake::{Doubler, Gate};
 use crate::config::{self, ModelConfig, Signature};
 use crate::error::LoadError;
 use crate::metrics::Metrics;
-use crate::model::{Ensemble, Model, Scheduling};
+use crate::model::{Ensemble, Model, ModelParts, Scheduling};
 use crate::registry::Registry;
 use crate::repository::ModelDir;
 use crate::residency::Budget;
@@ -72,8 +72,16 @@ impl Loader for FakeLoader {
         let policy = Policy::from_config(config).map_err(LoadError::Failed)?;
         let instances: Vec<Arc<dyn Backend>> = vec![Arc::new(Doubler::default())];
         let metrics = self.metrics.for_model(&dir.name, version);
-        let mut model =
-            Model::new(&dir.name, version, config, signature, instances, Scheduling::Dynamic(policy), metrics, None);
+        let mut model = Model::new(ModelParts {
+            name: &dir.name,
+            version,
+            config,
+            signature,
+            instances,
+            scheduling: Scheduling::Dynamic(policy),
+            metrics,
+            plugin: None,
+        });
         if let Some(gpu) = config::parameter(config, "fake.gpu_bytes") {
             model.set_device_bytes([(0, gpu.parse().unwrap())].into());
         }

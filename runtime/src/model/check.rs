@@ -1,7 +1,7 @@
 //! Checks that keep bad tensors away from the backend: the configuration
 //! against the model file at load, and each request against the signature.
 
-use super::Scheduling;
+use super::scheduling::Scheduling;
 use crate::backend::ModelIo;
 use crate::config::{CONFIG_FILE, Signature};
 use crate::error::Error;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use super::Runtimes;
+use super::runtimes::Runtimes;
 use crate::backend::identity::{self, IdentityModel};
 use crate::backend::onnx::{self, SessionOptions};
 use crate::backend::remote::{RemoteConfig, RemoteModel};

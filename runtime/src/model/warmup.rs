@@ -7,12 +7,18 @@
 //! its model READY.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::proto::ModelWarmup;
 use crate::config::proto::model_warmup::Input;
 use crate::config::proto::model_warmup::input::InputDataType;
 use crate::config::{Signature, datatype_from_config};
+use crate::error::Error;
+use crate::plugin::ModelRunner;
 use crate::tensor::{DataType, Tensor, element_count, push_bytes_element};
+
+use super::check::check_inputs;
+use super::{Batcher, Engine, Model, reshape};
 
 /// The folder, inside the model folder, that holds `input_data_file`s.
 pub const WARMUP_DIR: &str = "warmup";
@@ -127,6 +133,69 @@ pub fn plugin_samples(
             Ok(PluginSample { file: file.to_owned(), request })
         })
         .collect()
+}
+
+impl Model {
+    /// Runs the configuration's `model_warmup` samples through every
+    /// instance, each `count` times (at least once); returns the number of
+    /// runs.
+    /// Blocks: call it off the async executor.
+    ///
+    /// # Errors
+    /// A message naming the sample when its inputs cannot be built, do not
+    /// fit the signature, or the backend fails on them.
+    pub fn warm_up(&self, model_dir: &Path) -> Result<usize, String> {
+        // An ensemble has no model_warmup (config::validate refuses it).
+        let Engine::Backends { instances, batcher } = &self.engine else { return Ok(0) };
+        let mut runs = 0;
+        for sample in &self.config.model_warmup {
+            let inputs = sample_inputs(sample, &self.signature, model_dir)?;
+            check_inputs(&self.signature, &self.name, &inputs)
+                .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
+            let mut inputs = reshape::inputs(&self.signature, inputs);
+            if let Batcher::Sequence(scheduler) = batcher {
+                inputs = scheduler.warm_up_inputs(inputs);
+            }
+            for instance in instances {
+                for _ in 0..sample.count.max(1) {
+                    instance
+                        .execute(inputs.clone())
+                        .map_err(|e| format!("warm-up sample '{}' failed: {e}", sample.name))?;
+                    runs += 1;
+                }
+            }
+        }
+        Ok(runs)
+    }
+
+    /// Sends each `plugin.warmup` sample through the plugin and model as a
+    /// client's `/predict` would (preprocess, inference, postprocess), with
+    /// `runner` for the plugin's composed calls; returns the number that
+    /// ran to the end. A sample whose composed call finds its callee
+    /// unknown, not READY or overloaded did not fail here: the warm-up
+    /// stops at that call, and the callee's state is logged.
+    ///
+    /// # Errors
+    /// A message naming the sample when the plugin fails on it (traps,
+    /// returns an internal error, produces tensors the model refuses) or
+    /// refuses it as bad input: a sample the plugin cannot read is a wrong
+    /// configuration.
+    pub async fn warm_up_plugin(&self, runner: Arc<dyn ModelRunner>) -> Result<usize, String> {
+        let mut completed = 0;
+        for sample in &self.plugin_samples {
+            match self.predict(sample.request.clone(), runner.clone()).await {
+                Ok(_) => completed += 1,
+                Err(e @ (Error::NotFound(_) | Error::Unavailable(_) | Error::Overloaded(_))) => {
+                    tracing::warn!(
+                        model = %self.name, version = self.version, sample = %sample.file,
+                        "plugin warm-up stopped at a composed call whose callee cannot serve now: {e}"
+                    );
+                }
+                Err(e) => return Err(format!("plugin warm-up sample '{}' failed: {e}", sample.file)),
+            }
+        }
+        Ok(completed)
+    }
 }
 
 #[cfg(test)]

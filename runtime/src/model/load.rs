@@ -1,0 +1,224 @@
+//! Making a [`Model`]: loading a version from its folder (backend
+//! instances, checks against the model file, plugin, labels, warm-up
+//! samples), or putting one together from parts already built.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::backend::Backend;
+use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
+use crate::metrics::{ModelMetrics, PluginMetrics};
+use crate::plugin::{ModelInfo, Plugin, PluginHost};
+use crate::repository::{self, ModelDir};
+use crate::scheduler::Scheduler;
+use crate::scheduler::sequence::SequenceScheduler;
+
+use super::cache::{self, ResponseCache};
+use super::ensemble::Ensemble;
+use super::runtimes::Runtimes;
+use super::scheduling::Scheduling;
+use super::{Batcher, Engine, Model, check, instances, outputs, warmup};
+
+/// What [`Model::new`] builds a model version from: its identity, its
+/// configuration, the backend instances already built and how their
+/// requests are scheduled.
+pub struct ModelParts<'a> {
+    /// The model's name (its folder name).
+    pub name: &'a str,
+    /// The version number.
+    pub version: u64,
+    /// The configuration as `config.pbtxt` states it.
+    pub config: &'a ModelConfig,
+    /// The inputs and outputs served, complete.
+    pub signature: Signature,
+    /// One backend per instance; at least one.
+    pub instances: Vec<Arc<dyn Backend>>,
+    /// The scheduler to start in front of `instances`.
+    pub scheduling: Scheduling,
+    /// Where the version's inference metrics go.
+    pub metrics: ModelMetrics,
+    /// The model's plugin, if it has one.
+    pub plugin: Option<Arc<Plugin>>,
+}
+
+/// The response cache a model with `config` uses: the server's when the
+/// configuration enables it, else none.
+///
+/// # Errors
+/// A message when it enables it and the server has no cache, which Plinth
+/// refuses rather than serve uncached.
+fn response_cache(config: &ModelConfig, rt: &Runtimes) -> Result<Option<(Arc<ResponseCache>, u64)>, String> {
+    if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return Ok(None);
+    }
+    rt.response_cache.clone().map(|cache| Some((cache, ResponseCache::new_owner()))).ok_or_else(|| {
+        format!(
+            "response_cache.enable is set, but the server has no response cache; start it with {} local,size=BYTES",
+            cache::FLAG
+        )
+    })
+}
+
+impl Model {
+    /// Loads version `version` of `dir` with `config`: builds the backend
+    /// instances (ONNX Runtime sessions, TorchScript modules or connections
+    /// to a remote server), checks the configuration against the model and
+    /// starts the plugin, if the configuration names one.
+    ///
+    /// # Errors
+    /// A message saying what failed: an unsupported platform, a missing or
+    /// invalid model file, a configuration that does not match the model
+    /// (naming the tensor and both values), or a plugin that does not load.
+    pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
+        if let Some(ensemble) = Ensemble::from_config(config) {
+            let signature = Signature::from_config(config)?;
+            let metrics = rt.metrics.for_model(&dir.name, version);
+            let mut model = Model::ensemble(&dir.name, version, config, signature, ensemble, metrics);
+            model.labels = outputs::load_labels(config, &dir.path)?;
+            model.cache = response_cache(config, rt)?;
+            return Ok(model);
+        }
+        let cache = response_cache(config, rt)?;
+        let scheduling = Scheduling::from_config(config, &dir.path)?;
+        let version_dir = dir.version_path(version);
+        let mut signature = Signature::from_config(config)?;
+        let instances::Instances { backends: instances, device_bytes } =
+            instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
+        let backend = &instances[0];
+        let (inputs, outputs) = check::client_tensors(&scheduling, backend.inputs(), backend.outputs())?;
+        check::complete_and_check(&mut signature, &inputs, &outputs)?;
+        let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
+            None => {
+                if let Some(key) = config.parameters.keys().find(|k| crate::plugin::PARAMETERS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "parameter '{key}' is about a plugin, but the model names none ('{PLUGIN_PARAMETER}')"
+                    ));
+                }
+                None
+            }
+            Some("") => {
+                return Err(format!(
+                    "parameter '{PLUGIN_PARAMETER}' is empty; name the plugin's .wasm file or leave the parameter out"
+                ));
+            }
+            Some(file) => {
+                let info = ModelInfo {
+                    name: dir.name.clone(),
+                    version,
+                    signature: signature.clone(),
+                    parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
+                    metadata: backend.metadata().to_vec(),
+                };
+                let keys: Vec<&str> = config.parameters.keys().map(String::as_str).collect();
+                let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);
+                let limits = rt.plugins.limits().for_model(&keys, parameter)?;
+                let metrics = rt.metrics.for_plugin(&dir.name, version);
+                let plugin = load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics);
+                let missing = !dir.path.join(file).exists();
+                let plugin = plugin.map_err(|e| if missing { config::with_missing_files_hint(config, e) } else { e });
+                Some(Arc::new(plugin?))
+            }
+        };
+        let labels = outputs::load_labels(config, &dir.path)?;
+        let plugin_samples = warmup::plugin_samples(
+            config::parameter(config, warmup::PLUGIN_WARMUP_PARAMETER),
+            config::parameter(config, warmup::PLUGIN_WARMUP_CONTENT_TYPE_PARAMETER),
+            &dir.path,
+        )?;
+        let metrics = rt.metrics.for_model(&dir.name, version);
+        let mut model = Model::new(ModelParts {
+            name: &dir.name,
+            version,
+            config,
+            signature,
+            instances,
+            scheduling,
+            metrics,
+            plugin,
+        });
+        model.labels = labels;
+        model.plugin_samples = plugin_samples;
+        model.cache = cache;
+        model.device_bytes = device_bytes;
+        Ok(model)
+    }
+
+    /// A model version over backend instances that are already built, its
+    /// signature complete: starts its scheduler as `parts.scheduling` says.
+    /// This is the seam where tests put fake backends behind a real
+    /// scheduler.
+    pub fn new(parts: ModelParts<'_>) -> Model {
+        let ModelParts { name, version, config, signature, instances, scheduling, metrics, plugin } = parts;
+        let batcher = match scheduling {
+            Scheduling::Dynamic(policy) => {
+                Batcher::Dynamic(Scheduler::start(name, policy, instances.clone(), metrics.clone()))
+            }
+            Scheduling::Sequence(policy) => {
+                Batcher::Sequence(SequenceScheduler::start(name, policy, instances.clone(), metrics.clone()))
+            }
+        };
+        Model {
+            name: name.to_owned(),
+            version,
+            config: config.clone(),
+            signature,
+            loaded_at: SystemTime::now(),
+            engine: Engine::Backends { instances, batcher },
+            metrics,
+            plugin,
+            labels: HashMap::new(),
+            cache: None,
+            plugin_samples: Vec::new(),
+            device_bytes: BTreeMap::new(),
+        }
+    }
+
+    /// An ensemble version: `ensemble`'s steps run its requests.
+    pub fn ensemble(
+        name: &str,
+        version: u64,
+        config: &ModelConfig,
+        signature: Signature,
+        ensemble: Ensemble,
+        metrics: ModelMetrics,
+    ) -> Model {
+        Model {
+            name: name.to_owned(),
+            version,
+            config: config.clone(),
+            signature,
+            loaded_at: SystemTime::now(),
+            engine: Engine::Ensemble(ensemble),
+            metrics,
+            plugin: None,
+            labels: HashMap::new(),
+            cache: None,
+            plugin_samples: Vec::new(),
+            device_bytes: BTreeMap::new(),
+        }
+    }
+}
+
+fn load_plugin(
+    host: &PluginHost,
+    dir: &ModelDir,
+    file: &str,
+    version_dir: &Path,
+    info: ModelInfo,
+    limits: crate::plugin::PluginLimits,
+    metrics: PluginMetrics,
+) -> Result<Plugin, String> {
+    let wasm = dir.path.join(file);
+    if !wasm.exists() {
+        return Err(format!("plugin '{file}' named in {} is not in {}", config::CONFIG_FILE, dir.path.display()));
+    }
+    if !wasm.is_file() {
+        return Err(format!("plugin '{file}' in {} is not a file", dir.path.display()));
+    }
+    if !repository::is_within(&wasm, &dir.path) {
+        return Err(format!("plugin '{file}' must be inside the model folder {}", dir.path.display()));
+    }
+    host.load(&wasm, version_dir, info, limits, metrics)
+}

@@ -1,0 +1,73 @@
+//! The frameworks and the sandbox every model's load draws on.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::onnx::OnnxRuntime;
+use crate::metrics::Metrics;
+use crate::plugin::PluginHost;
+
+use super::cache::ResponseCache;
+
+/// What loading a model needs: the frameworks and the plugin sandbox.
+pub struct Runtimes {
+    /// ONNX Runtime, for `onnxruntime_onnx` models; `None` when no
+    /// `ORT_DYLIB_PATH` was given (TorchScript and remote models still load).
+    pub onnx: Option<OnnxRuntime>,
+    /// libtorch, for `pytorch_libtorch` models.
+    #[cfg(feature = "libtorch")]
+    pub torch: crate::backend::torch::Libtorch,
+    /// The machine's GPUs as NVML lists them (none without a driver).
+    pub gpus: Arc<crate::gpu::Gpus>,
+    /// The wasmtime sandbox, for model plugins.
+    pub plugins: PluginHost,
+    /// Where each model's inference metrics are registered.
+    pub metrics: Arc<Metrics>,
+    /// The server's response cache (`--cache-config`), for the models that
+    /// enable it.
+    pub response_cache: Option<Arc<ResponseCache>>,
+}
+
+impl Runtimes {
+    /// Starts ONNX Runtime from `ort_dylib` (`ORT_DYLIB_PATH`), or else from
+    /// `lib/libonnxruntime.so` beside the binary's folder (the bundle `make
+    /// dist` builds), libtorch when built with the `libtorch` feature, and
+    /// the plugin sandbox.
+    ///
+    /// # Errors
+    /// A message when the given ONNX Runtime library cannot be loaded or
+    /// wasmtime cannot start.
+    pub fn start(
+        ort_dylib: Option<&Path>,
+        plugin_limits: crate::plugin::PluginLimits,
+        plugin_cache_dir: Option<std::path::PathBuf>,
+    ) -> Result<Runtimes, String> {
+        let gpus = Arc::new(crate::gpu::Gpus::probe());
+        match gpus.absence() {
+            None => tracing::info!(gpus = ?gpus.devices(), "NVML lists the GPUs"),
+            Some(why) => tracing::info!(%why, "no GPU"),
+        }
+        Ok(Runtimes {
+            onnx: match ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime) {
+                Some(path) => Some(OnnxRuntime::init(&path)?),
+                None => {
+                    tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
+                    None
+                }
+            },
+            #[cfg(feature = "libtorch")]
+            torch: crate::backend::torch::Libtorch::init(),
+            plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
+            metrics: Arc::new(Metrics::with_gpus(gpus.clone())),
+            gpus,
+            response_cache: None,
+        })
+    }
+}
+
+/// `../lib/libonnxruntime.so` relative to the running binary, if it exists.
+fn bundled_onnxruntime() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let lib = exe.parent()?.parent()?.join("lib/libonnxruntime.so");
+    lib.is_file().then_some(lib)
+}
