@@ -13,6 +13,7 @@ use super::loader::Loader;
 use super::request::{self, LoadRequest};
 use super::runner::WarmUpRunner;
 use crate::config::{self, ModelConfig, Signature};
+use crate::drain::InUse;
 use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model};
@@ -452,27 +453,27 @@ impl Core {
         })
     }
 
-    /// Waits until `old`, taken out of the registry, is used by no request
-    /// (at most the load timeout), then drops it here, so that its
-    /// sessions and modules are destroyed, and their device memory handed
-    /// back, before this returns.
+    /// Lets go of `old`, taken out of the registry, and waits until the
+    /// last request using it has let go too and its instances are dropped
+    /// (at most the load timeout), so that its sessions and modules are
+    /// destroyed, and their device memory handed back, before this returns.
     ///
     /// # Errors
-    /// When requests still hold a version at the timeout.
+    /// When requests still hold a version at the timeout (it then leaves
+    /// memory with the last of them).
     async fn hand_back(&self, old: Vec<Arc<Model>>) -> Result<(), String> {
-        let unused = async {
-            while old.iter().any(|m| Arc::strong_count(m) > 1) {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let freed: Vec<InUse> = old.iter().map(|m| m.freed()).collect();
+        drop(old);
+        let deadline = tokio::time::Instant::now() + self.limits.timeout;
+        for version in freed {
+            if version.none_by(deadline).await.is_err() {
+                return Err(format!(
+                    "requests still run on the versions unloaded to make room after {:?} \
+                     (--model-load-timeout-secs); the new version was not loaded",
+                    self.limits.timeout
+                ));
             }
-        };
-        if tokio::time::timeout(self.limits.timeout, unused).await.is_err() {
-            return Err(format!(
-                "requests still run on the versions unloaded to make room after {:?} \
-                 (--model-load-timeout-secs); the new version was not loaded",
-                self.limits.timeout
-            ));
         }
-        tokio::task::spawn_blocking(move || drop(old)).await.map_err(|e| format!("unloading panicked: {e}"))?;
         residency::release_freed_memory();
         Ok(())
     }

@@ -10,12 +10,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
 
 use super::core::{Core, LoadOptions, ModelRecord};
 use crate::config::CONFIG_FILE;
+use crate::drain::InUse;
 use crate::error::LoadError;
 use crate::repository::{self, Fingerprint, ModelDir};
 use crate::residency::Footprint;
@@ -239,12 +241,17 @@ impl Mesh<'_> {
         let record = core.record(id);
         let mut guard = record.lock().await;
         let models = core.registry.unload(id, "unloaded");
+        let loaded = !models.is_empty();
+        // The registry let go of them; each request in flight holds one
+        // more, and the last one to let go drops the instances (on a
+        // blocking thread).
+        let freed: Vec<InUse> = models.iter().map(|m| m.freed()).collect();
+        drop(models);
         let deadline = Instant::now() + DRAIN_TIMEOUT;
-        // The registry let go of them: each request in flight holds one more.
-        while models.iter().any(|m| Arc::strong_count(m) > 1) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let mut still_running = 0;
+        for version in freed {
+            still_running += usize::from(version.none_by(deadline).await.is_err());
         }
-        let still_running = models.iter().filter(|m| Arc::strong_count(m) > 1).count();
         if still_running > 0 {
             // ModelMesh is told the unload succeeded all the same: the model
             // serves no new request, and its memory leaves with the last one.
@@ -253,12 +260,8 @@ impl Mesh<'_> {
                 timeout_s = DRAIN_TIMEOUT.as_secs(),
                 "unload: requests still running after the drain timeout; the model leaves memory when they finish"
             );
-        } else if !models.is_empty() {
+        } else if loaded {
             tracing::info!(model = %id, "unloaded");
-        }
-        // Freeing a model's sessions can take a while: off the async threads.
-        if let Err(e) = tokio::task::spawn_blocking(move || drop(models)).await {
-            tracing::error!(model = %id, "unloading panicked: {e}");
         }
         core.take_out(id, "unloaded");
         core.registry.forget(id);

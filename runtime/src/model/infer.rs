@@ -106,7 +106,7 @@ impl Model {
         } else {
             None
         };
-        let (outputs, timing) = match &self.engine {
+        let (outputs, timing) = match &*self.engine {
             Engine::Backends { batcher, .. } => {
                 let inputs = reshape::inputs(&self.signature, inputs);
                 let (span, submitted) = (options.trace.clone(), SystemTime::now());

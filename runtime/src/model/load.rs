@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use crate::backend::Backend;
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
+use crate::drain::FreedOffThread;
 use crate::metrics::{ModelMetrics, PluginMetrics};
 use crate::plugin::{ModelInfo, Plugin, PluginHost};
 use crate::repository::{self, ModelDir};
@@ -165,7 +166,7 @@ impl Model {
             config: config.clone(),
             signature,
             loaded_at: SystemTime::now(),
-            engine: Engine::Backends { instances, batcher },
+            engine: FreedOffThread::new(Engine::Backends { instances, batcher }),
             metrics,
             plugin,
             labels: HashMap::new(),
@@ -190,7 +191,7 @@ impl Model {
             config: config.clone(),
             signature,
             loaded_at: SystemTime::now(),
-            engine: Engine::Ensemble(ensemble),
+            engine: FreedOffThread::new(Engine::Ensemble(ensemble)),
             metrics,
             plugin: None,
             labels: HashMap::new(),

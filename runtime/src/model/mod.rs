@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::backend::{Backend, BackendKind};
 use crate::config::{self, ModelConfig, Signature};
+use crate::drain::{FreedOffThread, InUse};
 use crate::error::Error;
 use crate::metrics::{FailureReason, ModelMetrics};
 use crate::plugin::Plugin;
@@ -51,7 +52,9 @@ pub struct Model {
     pub signature: Signature,
     /// When this version was made (loaded); OpenAI's model `created`.
     pub loaded_at: SystemTime,
-    engine: Engine,
+    /// Dropped on a blocking thread: dropping it joins the scheduler's
+    /// workers and frees the runtimes' sessions.
+    engine: FreedOffThread<Engine>,
     metrics: ModelMetrics,
     plugin: Option<Arc<Plugin>>,
     /// Class labels of the outputs with a `label_filename`, by output.
@@ -89,6 +92,14 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
+    /// Held until this version's instances and schedulers are gone: they
+    /// are dropped on a blocking thread once the last holder of the version
+    /// lets it go, and [`InUse::none_by`] waits for that (an unload that
+    /// hands memory back).
+    pub fn freed(&self) -> InUse {
+        self.engine.freed()
+    }
+
     /// The class labels of output `output`, if it has a `label_filename` (or
     /// inherited them, for an ensemble).
     pub fn labels(&self, output: &str) -> Option<&[String]> {
@@ -107,7 +118,7 @@ impl Model {
 
     /// The ensemble's steps, if this is an ensemble.
     pub fn steps(&self) -> Option<&Ensemble> {
-        match &self.engine {
+        match &*self.engine {
             Engine::Ensemble(ensemble) => Some(ensemble),
             Engine::Backends { .. } => None,
         }
@@ -119,7 +130,7 @@ impl Model {
     /// Nothing another model or request allocates is in it; 0 for an
     /// ensemble, whose steps are models of their own.
     pub fn resident_bytes(&self) -> u64 {
-        let instances = match &self.engine {
+        let instances = match &*self.engine {
             Engine::Backends { instances, .. } => instances.iter().map(|i| i.resident_bytes()).sum(),
             Engine::Ensemble(_) => 0,
         };
@@ -142,7 +153,7 @@ impl Model {
     /// Whether requests may carry `sequence_id`: the model has
     /// `sequence_batching`, or it is an ensemble (whose steps may).
     pub fn takes_sequences(&self) -> bool {
-        match &self.engine {
+        match &*self.engine {
             Engine::Backends { batcher, .. } => matches!(batcher, Batcher::Sequence(_)),
             Engine::Ensemble(_) => true,
         }
@@ -153,14 +164,14 @@ impl Model {
     /// running; does nothing for other models. For an ensemble, its steps'
     /// sequences end by their idle time.
     pub fn release_sequence(&self, id: &CorrelationId, owner: Owner) {
-        if let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine {
+        if let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &*self.engine {
             scheduler.release(id, owner, crate::metrics::SequenceEnd::Cancelled);
         }
     }
 
     /// The platform name for model metadata (`onnxruntime_onnx`, `ensemble`).
     pub fn platform(&self) -> &str {
-        match &self.engine {
+        match &*self.engine {
             Engine::Backends { instances, .. } => instances[0].platform(),
             Engine::Ensemble(_) => config::validate::ENSEMBLE_PLATFORM,
         }
@@ -168,7 +179,7 @@ impl Model {
 
     /// The backend serving this model; `None` for an ensemble.
     fn backend_kind(&self) -> Option<BackendKind> {
-        match &self.engine {
+        match &*self.engine {
             Engine::Backends { instances, .. } => Some(instances[0].kind()),
             Engine::Ensemble(_) => None,
         }

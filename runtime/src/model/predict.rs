@@ -124,7 +124,7 @@ impl Model {
     /// A new sequence for one `/predict` request, if this is a sequence
     /// model; it ends when the returned guard drops.
     fn open_predict_sequence(&self) -> Option<PredictSequence<'_>> {
-        let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &self.engine else { return None };
+        let Engine::Backends { batcher: Batcher::Sequence(scheduler), .. } = &*self.engine else { return None };
         Some(PredictSequence { scheduler, id: CorrelationId::new_host(), owner: new_owner() })
     }
 

@@ -146,7 +146,7 @@ impl Model {
     /// fit the signature, or the backend fails on them.
     pub fn warm_up(&self, model_dir: &Path) -> Result<usize, String> {
         // An ensemble has no model_warmup (config::validate refuses it).
-        let Engine::Backends { instances, batcher } = &self.engine else { return Ok(0) };
+        let Engine::Backends { instances, batcher } = &*self.engine else { return Ok(0) };
         let mut runs = 0;
         for sample in &self.config.model_warmup {
             let inputs = sample_inputs(sample, &self.signature, model_dir)?;
