@@ -37,49 +37,7 @@ impl ModelIo {
     }
 }
 
-/// Which backend serves a model (Triton's backend names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// ONNX Runtime: platform `onnxruntime_onnx`, backend `onnxruntime`
-    /// (the default when the configuration names neither).
-    OnnxRuntime,
-    /// libtorch: platform `pytorch_libtorch`, backend `pytorch`.
-    Pytorch,
-    /// A model of a remote KServe v2 server: backend `remote`.
-    Remote,
-    /// Each output a copy of its input: Triton's backend `identity`.
-    Identity,
-}
-
-impl BackendKind {
-    /// The backend a configuration's `platform` / `backend` names.
-    ///
-    /// # Errors
-    /// A message naming both for a pair Plinth does not serve.
-    pub fn of(config: &crate::config::ModelConfig) -> Result<BackendKind, String> {
-        match (config.platform.as_str(), config.backend.as_str()) {
-            ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::OnnxRuntime),
-            ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(BackendKind::Pytorch),
-            ("", "remote") => Ok(BackendKind::Remote),
-            ("", "identity") => Ok(BackendKind::Identity),
-            (platform, backend) => Err(format!(
-                "platform '{platform}' / backend '{backend}' is not supported; Plinth serves {}",
-                crate::config::validate::SERVED
-            )),
-        }
-    }
-
-    /// Triton's backend name, as the served configuration's `backend` field
-    /// gives it.
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::OnnxRuntime => "onnxruntime",
-            BackendKind::Pytorch => "pytorch",
-            BackendKind::Remote => "remote",
-            BackendKind::Identity => "identity",
-        }
-    }
-}
+pub use crate::config::BackendKind;
 
 /// Where one instance of a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

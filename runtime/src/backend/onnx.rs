@@ -218,7 +218,7 @@ pub struct OnnxModel {
 
 impl Backend for OnnxModel {
     fn platform(&self) -> &str {
-        "onnxruntime_onnx"
+        BackendKind::OnnxRuntime.platform().unwrap_or_default()
     }
 
     fn kind(&self) -> BackendKind {

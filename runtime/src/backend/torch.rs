@@ -134,7 +134,7 @@ pub struct TorchModel {
 
 impl Backend for TorchModel {
     fn platform(&self) -> &str {
-        "pytorch_libtorch"
+        BackendKind::Pytorch.platform().unwrap_or_default()
     }
 
     fn kind(&self) -> BackendKind {

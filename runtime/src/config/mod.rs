@@ -24,7 +24,10 @@ pub mod proto {
 
 pub use proto::ModelConfig;
 
+mod backends;
 pub mod validate;
+
+pub use backends::{BackendKind, served};
 
 /// The file name of a model's configuration inside its folder.
 pub const CONFIG_FILE: &str = "config.pbtxt";

@@ -8,23 +8,14 @@
 
 use std::collections::HashSet;
 
+use super::backends::{BackendKind, served};
 use super::proto::model_config::SchedulingChoice;
 use super::proto::model_instance_group::Kind;
 use super::proto::model_queue_policy::TimeoutAction;
 use super::proto::model_version_policy::PolicyChoice;
 use super::proto::{self, ModelConfig, ModelDynamicBatching};
 
-/// The platform of ensemble models.
-pub const ENSEMBLE_PLATFORM: &str = "ensemble";
-
-/// What Plinth serves, as every message that refuses a platform or backend
-/// lists it; `PAIRS` and the two backends without a platform
-/// (`backend::BackendKind::of`) are its entries.
-pub const SERVED: &str = "platform 'onnxruntime_onnx' (backend 'onnxruntime'), 'pytorch_libtorch' (backend \
-                          'pytorch'), backend 'remote', backend 'identity', or platform 'ensemble'";
-
-/// The platforms Plinth serves and their backend names (Triton's pairs).
-const PAIRS: [(&str, &str); 2] = [("onnxruntime_onnx", "onnxruntime"), ("pytorch_libtorch", "pytorch")];
+pub use super::backends::ENSEMBLE_PLATFORM;
 
 /// Backends of Triton's that Plinth does not ship, by name or platform.
 const NOT_SHIPPED: [&str; 11] = [
@@ -133,7 +124,8 @@ fn platform(config: &ModelConfig, p: &mut Problems) {
     if let Some(name) = [platform, backend].into_iter().find(|n| NOT_SHIPPED.contains(n)) {
         p.add(format!(
             "platform '{platform}' / backend '{backend}': Plinth does not ship Triton's '{name}' backend; it serves \
-             {SERVED}"
+             {}",
+            served()
         ));
         return;
     }
@@ -143,10 +135,9 @@ fn platform(config: &ModelConfig, p: &mut Problems) {
         });
         return;
     }
-    let known =
-        |pair: &(&str, &str)| (platform.is_empty() || platform == pair.0) && (backend.is_empty() || backend == pair.1);
-    let fine = (platform.is_empty() && matches!(backend, "" | "remote" | "identity")) || PAIRS.iter().any(known);
-    p.check(fine, || format!("platform '{platform}' / backend '{backend}' is not a pair Plinth serves: {SERVED}"));
+    if let Err(refused) = BackendKind::of(config) {
+        p.add(refused);
+    }
 }
 
 fn version_policy(config: &ModelConfig, p: &mut Problems) {

@@ -302,16 +302,6 @@ mod tests {
     }
 
     #[test]
-    fn platforms_name_their_framework() {
-        assert_eq!(BackendKind::of(&config("")).unwrap(), BackendKind::OnnxRuntime);
-        assert_eq!(BackendKind::of(&config(r#"platform: "pytorch_libtorch""#)).unwrap(), BackendKind::Pytorch);
-        assert_eq!(BackendKind::of(&config(r#"backend: "remote""#)).unwrap(), BackendKind::Remote);
-        assert!(
-            BackendKind::of(&config(r#"platform: "tensorflow_savedmodel""#)).unwrap_err().contains("not supported")
-        );
-    }
-
-    #[test]
     fn gpu_instances_go_where_the_framework_can_use_a_gpu() {
         let two = Ok(2);
         let none: Result<usize, String> = Err("libtorch sees no CUDA device".to_owned());
