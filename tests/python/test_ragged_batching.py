@@ -106,8 +106,11 @@ def server(tmp_path_factory):
     models = {
         # Requests wait for a full batch (4 rows) however long it takes.
         "ragged": config("ragged"),
-        # Each request runs alone.
-        "ragged_alone": config("ragged_alone", batching=""),
+        # Each request runs alone; a warm-up sample runs through the same
+        # flattening and batch inputs before the model is READY.
+        "ragged_alone": config("ragged_alone", batching=(
+            'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value: '
+            '{ data_type: TYPE_FP32 dims: [ 2, 3 ] zero_data: true } } } ]')),
         # Configurations Plinth refuses, while the others serve.
         "ragged_unknown_source": config("ragged_unknown_source", batch_inputs=(
             '{ kind: BATCH_ELEMENT_COUNT target_name: "count" data_type: TYPE_INT32 source_input: "UNKNOWN_INPUT" }')),

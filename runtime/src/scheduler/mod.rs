@@ -177,9 +177,7 @@ impl Scheduler {
         queued.finish().await;
         reply
     }
-}
 
-impl Scheduler {
     /// A warm-up sample's `inputs` (one request) as the backend takes them:
     /// unchanged, or for a ragged layout flattened and with the batch inputs
     /// added.
