@@ -91,12 +91,6 @@ pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
             "is_non_linear_format_io",
             "non-linear formats are TensorRT's",
         );
-        p.refuse(
-            input.allow_ragged_batch,
-            &format!("input '{}': ", input.name),
-            "allow_ragged_batch",
-            "Plinth batches only requests of equal shapes",
-        );
     }
     for output in &config.output {
         p.refuse(
@@ -112,6 +106,7 @@ pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
             "non-linear formats are TensorRT's",
         );
     }
+    batch_io(config, &mut p);
     scheduling(config, &mut p);
     instance_groups(config, &mut p);
     optimization(config.optimization.as_ref(), &mut p);
@@ -229,6 +224,118 @@ fn io_shape(kind: &str, io: &Io<'_>, max_batch_size: i32, p: &mut Problems) {
         ));
     } else if from != to {
         p.add(format!("{what}: 'dims' {:?} and 'reshape' {reshape:?} hold different numbers of elements", io.dims));
+    }
+}
+
+/// Triton's `ValidateBatchIO` (`core/src/model_config_utils.cc`), with its
+/// messages: each `batch_input` of a known kind with exactly one source
+/// input among the inputs and data type `TYPE_INT32` or `TYPE_FP32`; each
+/// `batch_output` of a known kind with exactly one source input among the
+/// inputs and each target an output, named once. Plinth adds what makes a
+/// configuration it would otherwise have to half-serve: a target to each,
+/// no batch input target that is also a declared input or another batch
+/// input's, every variable dimension of a batch output's pattern one its
+/// source input has, and ragged batching only where there is a batch
+/// dimension (`max_batch_size` > 0) and a backend (not an ensemble).
+fn batch_io(config: &ModelConfig, p: &mut Problems) {
+    use proto::{batch_input, batch_output};
+    let inputs: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+    let ragged: Vec<&str> = config.input.iter().filter(|i| i.allow_ragged_batch).map(|i| i.name.as_str()).collect();
+    let used = !config.batch_input.is_empty() || !config.batch_output.is_empty() || !ragged.is_empty();
+    if !used {
+        return;
+    }
+    let fields = || {
+        let mut fields: Vec<String> = ragged.iter().map(|r| format!("input '{r}': 'allow_ragged_batch'")).collect();
+        for (set, field) in
+            [(!config.batch_input.is_empty(), "'batch_input'"), (!config.batch_output.is_empty(), "'batch_output'")]
+        {
+            if set {
+                fields.push(field.to_owned());
+            }
+        }
+        fields.join(", ")
+    };
+    if config.platform == ENSEMBLE_PLATFORM {
+        p.add(format!(
+            "{} is set on an ensemble, which batches nothing itself; set it on the step's model instead",
+            fields()
+        ));
+        return;
+    }
+    p.check(config.max_batch_size > 0, || {
+        format!("{} needs max_batch_size > 0: ragged batching combines requests along the batch dimension", fields())
+    });
+    let mut targets: HashSet<&str> = HashSet::new();
+    for bi in &config.batch_input {
+        let kind = match batch_input::Kind::try_from(bi.kind) {
+            Ok(kind) => kind.as_str_name().to_owned(),
+            Err(_) => {
+                p.add(format!("unknown batch input kind '{}'", bi.kind));
+                continue;
+            }
+        };
+        p.check(bi.source_input.len() == 1, || {
+            format!("batch input kind '{kind}' expects 1 source input, got {}", bi.source_input.len())
+        });
+        let dt = bi.data_type;
+        p.check(dt == proto::DataType::TypeInt32 as i32 || dt == proto::DataType::TypeFp32 as i32, || {
+            let got = proto::DataType::try_from(dt).map_or_else(|_| dt.to_string(), |d| d.as_str_name().to_owned());
+            format!("batch input data type must be TYPE_INT32 or TYPE_FP32, got {got} (kind '{kind}')")
+        });
+        for source in &bi.source_input {
+            p.check(inputs.contains(source.as_str()), || format!("unknown source input name '{source}'"));
+        }
+        p.check(!bi.target_name.is_empty(), || format!("batch input kind '{kind}' expects a 'target_name', got none"));
+        for target in &bi.target_name {
+            p.check(!inputs.contains(target.as_str()), || {
+                format!(
+                    "batch input target name '{target}' is also a declared input; the host gives the model that input, \
+                     so a request cannot: remove it from 'input'"
+                )
+            });
+            p.check(targets.insert(target), || {
+                format!("batch input target name '{target}' can only be specified once")
+            });
+        }
+    }
+    let mut scattered: HashSet<&str> = HashSet::new();
+    for bo in &config.batch_output {
+        let kind = match batch_output::Kind::try_from(bo.kind) {
+            Ok(kind) => kind.as_str_name().to_owned(),
+            Err(_) => {
+                p.add(format!("unknown batch output kind '{}'", bo.kind));
+                continue;
+            }
+        };
+        p.check(bo.source_input.len() == 1, || {
+            format!("batch output kind '{kind}' expects 1 source input, got {}", bo.source_input.len())
+        });
+        for source in &bo.source_input {
+            p.check(inputs.contains(source.as_str()), || format!("unknown source input name '{source}'"));
+        }
+        p.check(!bo.target_name.is_empty(), || format!("batch output kind '{kind}' expects a 'target_name', got none"));
+        for target in &bo.target_name {
+            p.check(outputs.contains(target.as_str()), || format!("unknown target output name '{target}'"));
+            p.check(scattered.insert(target), || format!("target output name '{target}' can only be specified once"));
+        }
+        // Each -1 of a target's pattern (batch dimension first) takes the
+        // source input's size at the same index.
+        let [source] = bo.source_input.as_slice() else { continue };
+        let Some(input) = config.input.iter().find(|i| i.name == *source) else { continue };
+        let batch = usize::from(config.max_batch_size > 0);
+        let source_rank = batch + input.reshape.as_ref().map_or(input.dims.len(), |r| r.shape.len());
+        for output in config.output.iter().filter(|o| bo.target_name.contains(&o.name)) {
+            let dims: &[i64] = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
+            if let Some(i) = dims.iter().rposition(|&d| d < 0).map(|i| i + batch).filter(|&i| i >= source_rank) {
+                p.add(format!(
+                    "batch output '{}' ({kind}): its dimension {i} (batch dimension first) is variable, but source \
+                     input '{source}' has only {source_rank} dimensions to take its size from",
+                    output.name
+                ));
+            }
+        }
     }
 }
 
@@ -463,8 +570,6 @@ fn optimization(o: Option<&proto::ModelOptimizationPolicy>, p: &mut Problems) {
 /// Fields Plinth does not act on.
 fn unsupported(config: &ModelConfig, p: &mut Problems) {
     p.refuse(!config.runtime.is_empty(), "", "runtime", "Plinth's backends are built in");
-    p.refuse(!config.batch_input.is_empty(), "", "batch_input", "Plinth does not synthesise batch inputs");
-    p.refuse(!config.batch_output.is_empty(), "", "batch_output", "Plinth does not scatter batch outputs");
     p.refuse(
         !config.cc_model_filenames.is_empty(),
         "",
@@ -524,7 +629,7 @@ mod tests {
                                preserve_ordering: true }
             instance_group [ { kind: KIND_CPU gpus: [ 0 ] rate_limiter { priority: 1 } } ]
             optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
-            batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 source_input: "x" } ]
+            batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT8 source_input: "x" } ]
             model_transaction_policy { decoupled: true }"#;
         let found = problems(bad);
         for expected in [
@@ -541,7 +646,7 @@ mod tests {
             "instance_group #0 has kind KIND_CPU but lists 'gpus' [0]",
             "instance_group #0: 'rate_limiter' is set, but Plinth has no rate limiter; remove it",
             "'optimization.execution_accelerators' is set",
-            "'batch_input' is set",
+            "batch input data type must be TYPE_INT32 or TYPE_FP32, got TYPE_INT8",
             "'model_transaction_policy.decoupled' is set",
         ] {
             assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
@@ -563,10 +668,6 @@ mod tests {
             (
                 r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] is_non_linear_format_io: true } ]"#,
                 "input 'x': 'is_non_linear_format_io'",
-            ),
-            (
-                r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] allow_ragged_batch: true } ]"#,
-                "input 'x': 'allow_ragged_batch'",
             ),
             (
                 r#"output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] is_shape_tensor: true } ]"#,
@@ -592,14 +693,6 @@ mod tests {
             ("optimization { gather_kernel_buffer_threshold: 1 }", "'optimization.gather_kernel_buffer_threshold'"),
             ("optimization { eager_batching: true }", "'optimization.eager_batching'"),
             (r#"runtime: "libcustom.so""#, "'runtime'"),
-            (
-                r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 source_input: "x" } ]"#,
-                "'batch_input'",
-            ),
-            (
-                r#"batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]"#,
-                "'batch_output'",
-            ),
             (r#"cc_model_filenames { key: "7.5" value: "m.onnx" }"#, "'cc_model_filenames'"),
             (r#"metric_tags { key: "team" value: "ocr" }"#, "'metric_tags'"),
             (r#"model_operations { op_library_filename: "ops.so" }"#, "'model_operations'"),
@@ -682,5 +775,130 @@ mod tests {
             "{ensemble:?}"
         );
         assert!(ensemble.iter().any(|f| f.contains("needs 'ensemble_scheduling'")), "{ensemble:?}");
+    }
+
+    /// Triton's `qa/L0_model_config/noautofill_platform/batch_*` cases, as
+    /// their configurations state them (no platform, no max_batch_size), and
+    /// the words of each case's `expected` file.
+    #[test]
+    fn batch_inputs_and_outputs_are_checked_with_triton_s_messages() {
+        let io = |out_dims: &str| {
+            format!(
+                r#"input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+                   output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: {out_dims} }} ]"#
+            )
+        };
+        let kinds = [
+            "BATCH_ELEMENT_COUNT",
+            "BATCH_ACCUMULATED_ELEMENT_COUNT",
+            "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+            "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+        ];
+        let mut cases = Vec::new();
+        for kind in kinds {
+            cases.push((
+                format!(
+                    r#"{} batch_input [ {{ kind: {kind} target_name: "BATCH_INPUT" data_type: TYPE_FP32 }} ]"#,
+                    io("[ 1 ]")
+                ),
+                format!("batch input kind '{kind}' expects 1 source input, got 0"),
+            ));
+            cases.push((
+                format!(
+                    r#"{} batch_input [ {{ kind: {kind} target_name: "BATCH_AND_SIZE_INPUT" data_type: TYPE_FP32
+                                          source_input: ["INPUT", "INPUT"] }} ]"#,
+                    io("[ 1 ]")
+                ),
+                format!("batch input kind '{kind}' expects 1 source input, got 2"),
+            ));
+        }
+        let scatter = "BATCH_SCATTER_WITH_INPUT_SHAPE";
+        for (fields, message) in [
+            (
+                r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "BATCH_INPUT" data_type: TYPE_FP32 source_input: "UNKNOWN_INPUT" } ]"#,
+                "unknown source input name 'UNKNOWN_INPUT'",
+            ),
+            (
+                r#"batch_output [ { target_name: ["OUTPUT", "OUTPUT"] kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" } ]"#,
+                "target output name 'OUTPUT' can only be specified once",
+            ),
+            (
+                r#"batch_output [ { target_name: "OUTPUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE } ]"#,
+                "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got 0",
+            ),
+            (
+                r#"batch_output [ { target_name: "OUTPUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: ["INPUT", "INPUT"] } ]"#,
+                "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got 2",
+            ),
+            (
+                r#"batch_output [ { target_name: "OUTPUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "UNKNOWN_INPUT" } ]"#,
+                "unknown source input name 'UNKNOWN_INPUT'",
+            ),
+            (
+                r#"batch_output [ { target_name: "UNKNOWN_OUTPUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" } ]"#,
+                "unknown target output name 'UNKNOWN_OUTPUT'",
+            ),
+        ] {
+            cases.push((
+                format!("{} {fields}", io("[ -1 ]")),
+                message.replace("BATCH_SCATTER_WITH_INPUT_SHAPE", scatter),
+            ));
+        }
+        for (config, message) in cases {
+            let found = problems(&config);
+            assert!(found.iter().any(|f| f.contains(&message)), "{message:?} not in {found:#?}");
+            // Without a batch dimension Plinth also says why it refuses.
+            assert!(found.iter().any(|f| f.contains("needs max_batch_size > 0")), "{found:#?}");
+        }
+    }
+
+    #[test]
+    fn ragged_batching_is_valid_with_a_batch_dimension_and_checked_beyond_triton() {
+        let ok = r#"
+            platform: "onnxruntime_onnx" max_batch_size: 4
+            input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true } ]
+            output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, -1 ] }, { name: "z" data_type: TYPE_FP32 dims: [ 2 ] } ]
+            batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "offsets" data_type: TYPE_INT32 source_input: "x" },
+                          { kind: BATCH_ITEM_SHAPE target_name: [ "shapes", "shapes_again" ] data_type: TYPE_FP32 source_input: "x" } ]
+            batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]
+            dynamic_batching { }"#;
+        assert_eq!(problems(ok), Vec::<String>::new());
+        let bad = r#"
+            platform: "onnxruntime_onnx" max_batch_size: 4
+            input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true },
+                    { name: "n" data_type: TYPE_INT32 dims: [ 1 ] } ]
+            output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
+            batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 source_input: "x" },
+                          { kind: BATCH_ELEMENT_COUNT target_name: "m" data_type: TYPE_INT32 source_input: "x" },
+                          { kind: BATCH_ITEM_SHAPE target_name: "m" data_type: TYPE_INT32 source_input: "x" },
+                          { kind: BATCH_ITEM_SHAPE data_type: TYPE_INT32 source_input: "x" } ]
+            batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]"#;
+        let found = problems(bad);
+        for expected in [
+            "batch input target name 'n' is also a declared input",
+            "batch input target name 'm' can only be specified once",
+            "batch input kind 'BATCH_ITEM_SHAPE' expects a 'target_name', got none",
+            "batch output 'y' (BATCH_SCATTER_WITH_INPUT_SHAPE): its dimension 2 (batch dimension first) is variable, but source input 'x' has only 2 dimensions",
+        ] {
+            assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
+        }
+        let unbatched = problems(
+            r#"platform: "onnxruntime_onnx" input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]"#,
+        );
+        assert!(
+            unbatched.iter().any(|f| f.contains("input 'x': 'allow_ragged_batch' needs max_batch_size > 0")),
+            "{unbatched:#?}"
+        );
+        let ensemble = problems(
+            r#"platform: "ensemble" max_batch_size: 4
+               input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+               output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+               ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key: "x" value: "IN" }
+                                              output_map { key: "y" value: "OUT" } } ] }"#,
+        );
+        assert!(
+            ensemble.iter().any(|f| f.contains("input 'IN': 'allow_ragged_batch' is set on an ensemble")),
+            "{ensemble:#?}"
+        );
     }
 }

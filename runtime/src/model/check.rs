@@ -5,22 +5,42 @@ use super::scheduling::Scheduling;
 use crate::backend::ModelIo;
 use crate::config::{CONFIG_FILE, Signature};
 use crate::error::Error;
+use crate::scheduler::ragged::BatchLayout;
+use crate::scheduler::sequence::policy::SequencePolicy;
 use crate::tensor::{Tensor, TensorSpec};
 
-/// The model file's inputs and outputs that requests send and receive:
-/// without the sequence controls and state the host fills in and takes
-/// out, each of which must be a model input (state: and output) of the
-/// datatype the host gives it.
+/// The model file's inputs and outputs as requests send and receive them
+/// (`sig` is the configuration's): without the sequence controls and state
+/// the host fills in and takes out, each of which must be a model input
+/// (state: and output) of the datatype the host gives it; without the
+/// batch inputs the host synthesises, each of which must be a model input
+/// of its datatype and rank; a ragged input, which the model must take as
+/// `[-1]`, and a batch output, whose shape in the model file is free, in
+/// the shape the configuration gives them.
 ///
 /// # Errors
-/// A message naming the control or state tensor the model lacks or has
-/// with another datatype.
+/// A message naming the control, state or batch input the model lacks or
+/// has with another datatype or rank, or the ragged input the model does
+/// not take as `[-1]` (Triton's onnxruntime backend's words).
 pub fn client_tensors(
     scheduling: &Scheduling,
+    sig: &Signature,
     inputs: &[ModelIo],
     outputs: &[ModelIo],
 ) -> Result<(Vec<ModelIo>, Vec<ModelIo>), String> {
-    let Scheduling::Sequence(policy) = scheduling else { return Ok((inputs.to_vec(), outputs.to_vec())) };
+    let (mut inputs, mut outputs) = match scheduling {
+        Scheduling::Sequence(policy) => sequence_tensors(policy, inputs, outputs)?,
+        Scheduling::Dynamic(_) => (inputs.to_vec(), outputs.to_vec()),
+    };
+    ragged_tensors(scheduling.layout(), sig, &mut inputs, &mut outputs)?;
+    Ok((inputs, outputs))
+}
+
+fn sequence_tensors(
+    policy: &SequencePolicy,
+    inputs: &[ModelIo],
+    outputs: &[ModelIo],
+) -> Result<(Vec<ModelIo>, Vec<ModelIo>), String> {
     let host_input =
         |name: &str, datatype, what: &str| -> Result<(), String> { host_tensor(inputs, name, datatype, what, "input") };
     for control in &policy.controls {
@@ -36,6 +56,51 @@ pub fn client_tensors(
         inputs.iter().filter(|io| !host_inputs.contains(&io.name.as_str())).cloned().collect(),
         outputs.iter().filter(|io| !state_outputs.contains(&io.name.as_str())).cloned().collect(),
     ))
+}
+
+/// The batch inputs checked and taken out of `inputs`; ragged inputs and
+/// batch outputs checked and given the shapes clients use.
+fn ragged_tensors(
+    layout: &BatchLayout,
+    sig: &Signature,
+    inputs: &mut Vec<ModelIo>,
+    outputs: &mut [ModelIo],
+) -> Result<(), String> {
+    let batch = sig.max_batch_size > 0;
+    for bi in layout.batch_inputs() {
+        let what = format!("batch_input {}", bi.kind.name());
+        for target in &bi.targets {
+            host_tensor(inputs, target, bi.datatype, &what, "input")?;
+            let Some(io) = inputs.iter().find(|io| io.name == *target) else { continue };
+            let given: Vec<i64> = std::iter::once(-1).chain(bi.dims()).collect();
+            let fits = io.shape.len() == given.len()
+                && io.shape.iter().zip(&given).all(|(&have, &give)| have < 0 || give < 0 || have == give);
+            if !fits {
+                return Err(format!(
+                    "{what} input '{target}' gets shape {given:?} (-1: any size), but the model's input has shape {:?}",
+                    io.shape
+                ));
+            }
+        }
+    }
+    inputs.retain(|io| !layout.batch_inputs().iter().any(|bi| bi.targets.contains(&io.name)));
+    for io in inputs.iter_mut().filter(|io| layout.is_ragged(&io.name)) {
+        if io.shape != [-1] {
+            return Err(format!(
+                "configuration expects model provides input with shape [-1] for ragged input '{}', model provides {:?}",
+                io.name, io.shape
+            ));
+        }
+        if let Some(spec) = sig.inputs.iter().find(|s| s.name == io.name) {
+            io.shape = ModelIo::from_spec(spec, batch).shape;
+        }
+    }
+    for io in outputs.iter_mut().filter(|io| layout.is_batch_output(&io.name)) {
+        if let Some(spec) = sig.outputs.iter().find(|s| s.name == io.name) {
+            io.shape = ModelIo::from_spec(spec, batch).shape;
+        }
+    }
+    Ok(())
 }
 
 fn host_tensor(

@@ -88,7 +88,7 @@ impl Model {
         let instances::Instances { backends: instances, device_bytes } =
             instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
         let backend = &instances[0];
-        let (inputs, outputs) = check::client_tensors(&scheduling, backend.inputs(), backend.outputs())?;
+        let (inputs, outputs) = check::client_tensors(&scheduling, &signature, backend.inputs(), backend.outputs())?;
         check::complete_and_check(&mut signature, &inputs, &outputs)?;
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
             None => {

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use crate::config::{ModelConfig, Signature};
 use crate::scheduler::policy::Policy;
+use crate::scheduler::ragged::BatchLayout;
 use crate::scheduler::sequence::policy::SequencePolicy;
 
 /// How a model's requests are scheduled, as its configuration says.
@@ -27,10 +28,29 @@ impl Scheduling {
         }
     }
 
-    /// The tensors the backend exchanges: the requests' (`signature`) and,
+    /// Ragged inputs, batch inputs and batch outputs, whichever batcher
+    /// schedules the model.
+    pub fn layout(&self) -> &BatchLayout {
+        match self {
+            Scheduling::Dynamic(policy) => &policy.layout,
+            Scheduling::Sequence(policy) => &policy.layout,
+        }
+    }
+
+    /// The tensors the backend exchanges: the requests' (`signature`), each
+    /// ragged input as one variable dimension after the batch dimension's
+    /// place (the backend gets `[total elements]`), the batch inputs and,
     /// for a sequence model, the host's controls and state.
     pub(super) fn backend_signature(&self, signature: &Signature) -> Signature {
         let mut full = signature.clone();
+        let layout = self.layout();
+        for spec in &mut full.inputs {
+            if layout.is_ragged(&spec.name) {
+                spec.dims.clear();
+                spec.reshape = None;
+            }
+        }
+        full.inputs.extend(layout.host_specs());
         if let Scheduling::Sequence(policy) = self {
             let (inputs, outputs) = policy.host_specs();
             full.inputs.extend(inputs);

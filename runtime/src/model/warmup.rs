@@ -152,10 +152,12 @@ impl Model {
             let inputs = sample_inputs(sample, &self.signature, model_dir)?;
             check_inputs(&self.signature, &self.name, &inputs)
                 .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
-            let mut inputs = reshape::inputs(&self.signature, inputs);
-            if let Batcher::Sequence(scheduler) = batcher {
-                inputs = scheduler.warm_up_inputs(inputs);
+            let inputs = reshape::inputs(&self.signature, inputs);
+            let inputs = match batcher {
+                Batcher::Dynamic(scheduler) => scheduler.warm_up_inputs(inputs),
+                Batcher::Sequence(scheduler) => scheduler.warm_up_inputs(inputs),
             }
+            .map_err(|e| format!("warm-up sample '{}': {e}", sample.name))?;
             for instance in instances {
                 for _ in 0..sample.count.max(1) {
                     instance

@@ -18,6 +18,7 @@ mod batch;
 mod ordering;
 pub mod policy;
 mod queue;
+pub mod ragged;
 pub mod sequence;
 
 use std::panic::AssertUnwindSafe;
@@ -137,7 +138,7 @@ impl Scheduler {
             Ok(answer) => return answer,
             Err(inputs) => inputs,
         };
-        let key = batch::batch_key(&inputs);
+        let key = shared.policy.layout.key(&inputs);
         let (reply, mut answer) = oneshot::channel();
         let id = {
             let mut state = shared.lock();
@@ -175,6 +176,17 @@ impl Scheduler {
         let reply = reply.unwrap_or_else(|_| Err(Error::Internal(format!("model '{}' stopped", shared.model))));
         queued.finish().await;
         reply
+    }
+
+    /// A warm-up sample's `inputs` (one request) as the backend takes them:
+    /// unchanged, or for a ragged layout flattened and with the batch inputs
+    /// added.
+    ///
+    /// # Errors
+    /// As [`ragged::BatchLayout::gather`].
+    pub fn warm_up_inputs(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        let layout = &self.shared.policy.layout;
+        if layout.is_plain() { Ok(inputs) } else { layout.gather(std::slice::from_ref(&inputs)) }
     }
 }
 
@@ -352,26 +364,53 @@ impl Shared {
     ) -> Vec<Result<(Vec<Tensor>, Compute), Error>> {
         if requests.len() == 1 {
             let inputs = requests.pop().unwrap_or_default();
-            return vec![
-                self.run_once(instance, inputs, rows[0], Duration::ZERO, |outputs| Ok(vec![outputs]))
-                    .map(|(mut per_request, compute)| (per_request.pop().unwrap_or_default(), compute)),
-            ];
+            return vec![self.run_alone(instance, inputs, rows[0])];
         }
+        let layout = &self.policy.layout;
         let started = Instant::now();
-        let inputs = batch::concat(&requests);
-        let gathered = started.elapsed();
-        match self.run_once(instance, inputs, rows.iter().sum(), gathered, |outputs| batch::split(outputs, rows)) {
+        let result = if layout.is_plain() {
+            let inputs = batch::concat(&requests);
+            self.run_once(instance, inputs, rows.iter().sum(), started.elapsed(), |outputs| batch::split(outputs, rows))
+        } else {
+            let sources: Vec<_> = requests.iter().map(|r| layout.sources(r)).collect();
+            match layout.gather(&requests) {
+                Ok(inputs) => self.run_once(instance, inputs, rows.iter().sum(), started.elapsed(), |outputs| {
+                    layout.split(outputs, rows, &sources)
+                }),
+                // Each request alone finds the one at fault.
+                Err(m) => Err(Error::InvalidArgument(m)),
+            }
+        };
+        match result {
             Ok((per_request, compute)) => per_request.into_iter().map(|outputs| Ok((outputs, compute))).collect(),
-            Err(Error::InvalidArgument(_)) => requests
-                .into_iter()
-                .zip(rows)
-                .map(|(inputs, &n)| {
-                    self.run_once(instance, inputs, n, Duration::ZERO, |outputs| Ok(vec![outputs]))
-                        .map(|(mut one, compute)| (one.pop().unwrap_or_default(), compute))
-                })
-                .collect(),
+            Err(Error::InvalidArgument(_)) => {
+                requests.into_iter().zip(rows).map(|(inputs, &n)| self.run_alone(instance, inputs, n)).collect()
+            }
             Err(e) => vec![Err(e); requests.len()],
         }
+    }
+
+    /// One request's execution: its inputs as they are, or for a ragged
+    /// layout flattened and with the batch inputs added, and its outputs
+    /// (batch outputs cut to its shape).
+    fn run_alone(
+        &self,
+        instance: &dyn Backend,
+        inputs: Vec<Tensor>,
+        rows: usize,
+    ) -> Result<(Vec<Tensor>, Compute), Error> {
+        let layout = &self.policy.layout;
+        let answer = if layout.is_plain() {
+            self.run_once(instance, inputs, rows, Duration::ZERO, |outputs| Ok(vec![outputs]))
+        } else {
+            let started = Instant::now();
+            let sources = [layout.sources(&inputs)];
+            let inputs = layout
+                .gather(std::slice::from_ref(&inputs))
+                .map_err(|m| model_error(&self.model, BackendError::InvalidInput(m)))?;
+            self.run_once(instance, inputs, rows, started.elapsed(), |outputs| layout.split(outputs, &[rows], &sources))
+        };
+        answer.map(|(mut one, compute)| (one.pop().unwrap_or_default(), compute))
     }
 
     /// Folds one execution's backend time into the moving average that

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::ragged::BatchLayout;
 use crate::config::ModelConfig;
 use crate::config::proto::model_config::SchedulingChoice;
 use crate::config::proto::{ModelDynamicBatching, ModelQueuePolicy, model_queue_policy::TimeoutAction};
@@ -86,6 +87,9 @@ pub struct Policy {
     pub levels: Vec<QueuePolicy>,
     /// `default_priority_level`, as an index into `levels`.
     pub default_level: usize,
+    /// Ragged inputs, batch inputs and batch outputs (`allow_ragged_batch`,
+    /// `batch_input`, `batch_output`); plain batching without them.
+    pub layout: BatchLayout,
 }
 
 impl Policy {
@@ -102,8 +106,11 @@ impl Policy {
     /// # Errors
     /// A message naming the field: `dynamic_batching` on a model with
     /// `max_batch_size: 0`, a `preferred_batch_size` outside
-    /// 1..=`max_batch_size`, or a priority level outside 1..=`priority_levels`.
+    /// 1..=`max_batch_size`, a priority level outside 1..=`priority_levels`,
+    /// or a `batch_input` / `batch_output` as [`BatchLayout::from_config`]
+    /// refuses it.
     pub fn from_config(config: &ModelConfig) -> Result<Policy, String> {
+        let layout = BatchLayout::from_config(config)?;
         let max_batch_size = usize::try_from(config.max_batch_size).unwrap_or(0).max(1);
         let db = match &config.scheduling_choice {
             Some(SchedulingChoice::DynamicBatching(db)) => db,
@@ -123,6 +130,7 @@ impl Policy {
                     preserve_ordering: false,
                     levels: vec![QueuePolicy::UNBOUNDED],
                     default_level: 0,
+                    layout,
                 });
             }
         };
@@ -152,6 +160,7 @@ impl Policy {
             preserve_ordering: db.preserve_ordering,
             levels,
             default_level,
+            layout,
         })
     }
 

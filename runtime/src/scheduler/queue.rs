@@ -177,6 +177,7 @@ mod tests {
             preserve_ordering: false,
             levels: vec![QueuePolicy::UNBOUNDED; levels],
             default_level: 0,
+            layout: Default::default(),
         }
     }
 

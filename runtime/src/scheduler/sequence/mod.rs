@@ -270,7 +270,10 @@ impl SequenceScheduler {
     /// A warm-up sample's inputs with the control and state tensors added,
     /// each of its rows a sequence of one request from the initial state
     /// (`model_warmup` runs on the instances directly, not through here).
-    pub fn warm_up_inputs(&self, inputs: Vec<Tensor>) -> Vec<Tensor> {
+    ///
+    /// # Errors
+    /// As [`super::ragged::BatchLayout::gather`].
+    pub fn warm_up_inputs(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         let policy = &self.shared.policy;
         let rows = match inputs.first().and_then(|t| t.shape.first()) {
             Some(&n) if policy.batch_dimension => usize::try_from(n).unwrap_or(1),
@@ -601,7 +604,7 @@ impl Shared {
     fn row_key(&self, state: &State, i: usize, j: usize) -> Option<rows::RowKey> {
         let s = state.sequences.get(state.slots[i][j].as_ref()?)?;
         let front = s.queue.front()?;
-        Some(rows::key(&front.inputs, self.states_for(s, front.start)))
+        Some(rows::key(&self.policy.layout, &front.inputs, self.states_for(s, front.start)))
     }
 
     /// The state tensors a request of `s` runs with: the initial state for
@@ -670,12 +673,13 @@ impl Shared {
         // and the sequences' slots survive it.
         let mut phases = (Duration::ZERO, Duration::ZERO);
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let inputs = rows::batch_inputs(&self.policy, &rows.iter().map(|r| &r.inputs).collect::<Vec<_>>());
+            let row_inputs: Vec<&RowInputs> = rows.iter().map(|r| &r.inputs).collect();
+            let inputs = rows::batch_inputs(&self.policy, &row_inputs).map_err(BackendError::InvalidInput)?;
             phases.0 = taken.elapsed();
             let started = Instant::now();
             let outputs = instance.execute(inputs);
             phases.1 = started.elapsed();
-            outputs.and_then(|outputs| rows::split(&self.policy, outputs, rows.len()).map_err(BackendError::Failed))
+            outputs.and_then(|outputs| rows::split(&self.policy, outputs, &row_inputs).map_err(BackendError::Failed))
         }))
         .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
         let (gathered, infer) = phases;

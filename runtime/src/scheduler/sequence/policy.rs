@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::config::proto::model_sequence_batching::{Control, StrategyChoice, control::Kind};
 use crate::config::proto::{ModelConfig, ModelSequenceBatching, model_config::SchedulingChoice};
 use crate::config::{CONFIG_FILE, datatype_from_config};
+use crate::scheduler::ragged::BatchLayout;
 use crate::tensor::{DataType, Tensor, TensorSpec};
 
 /// Triton's default `max_sequence_idle_microseconds`: one second.
@@ -115,6 +116,9 @@ pub struct SequencePolicy {
     /// Rows per execution: `max_batch_size`, or 1 for a model that does not
     /// batch.
     pub max_batch_size: usize,
+    /// Ragged inputs, batch inputs and batch outputs (`allow_ragged_batch`,
+    /// `batch_input`, `batch_output`), as the dynamic batcher has them.
+    pub layout: BatchLayout,
 }
 
 impl SequencePolicy {
@@ -166,6 +170,7 @@ impl SequencePolicy {
             states,
             batch_dimension,
             max_batch_size,
+            layout: BatchLayout::from_config(config)?,
         }))
     }
 

@@ -6,6 +6,7 @@
 use super::CorrelationId;
 use super::policy::{ControlInput, SequencePolicy, Signal, zeros};
 use crate::scheduler::batch;
+use crate::scheduler::ragged::BatchLayout;
 use crate::tensor::{DataType, Tensor, push_bytes_element};
 
 /// One row of an execution, before the controls are added.
@@ -23,12 +24,13 @@ pub struct RowInputs {
 }
 
 /// What rows must share to run in one execution: every tensor's name,
-/// datatype and shape.
+/// datatype and shape (a ragged input's shape left out).
 pub type RowKey = Vec<(String, DataType, Vec<i64>)>;
 
 /// The key of a row with request `inputs` and `states`.
-pub fn key(inputs: &[Tensor], states: &[Tensor]) -> RowKey {
-    inputs.iter().chain(states).map(|t| (t.name.clone(), t.datatype, t.shape.clone())).collect()
+pub fn key(layout: &BatchLayout, inputs: &[Tensor], states: &[Tensor]) -> RowKey {
+    let shape = |t: &Tensor| if layout.is_ragged(&t.name) { Vec::new() } else { t.shape.clone() };
+    inputs.iter().chain(states).map(|t| (t.name.clone(), t.datatype, shape(t))).collect()
 }
 
 /// A padding row shaped like `model`: zeros (empty strings), READY false.
@@ -39,8 +41,12 @@ pub fn padding(model: &RowInputs) -> RowInputs {
 
 /// The execution's inputs: each row's tensors with its control tensors,
 /// concatenated along the batch dimension (a model that does not batch has
-/// one row).
-pub fn batch_inputs(policy: &SequencePolicy, rows: &[&RowInputs]) -> Vec<Tensor> {
+/// one row), ragged inputs flattened and batch inputs added as the
+/// policy's layout says.
+///
+/// # Errors
+/// As [`BatchLayout::gather`].
+pub fn batch_inputs(policy: &SequencePolicy, rows: &[&RowInputs]) -> Result<Vec<Tensor>, String> {
     let per_row: Vec<Vec<Tensor>> = rows
         .iter()
         .map(|row| {
@@ -49,10 +55,13 @@ pub fn batch_inputs(policy: &SequencePolicy, rows: &[&RowInputs]) -> Vec<Tensor>
             tensors
         })
         .collect();
-    match per_row.len() {
+    if !policy.layout.is_plain() {
+        return policy.layout.gather(&per_row);
+    }
+    Ok(match per_row.len() {
         1 => per_row.into_iter().next().unwrap_or_default(),
         _ => batch::concat(&per_row),
-    }
+    })
 }
 
 /// One row's control tensor: shape `[1]`, or `[1, 1]` with a batch
@@ -87,8 +96,12 @@ fn correlation_id(datatype: DataType, id: Option<&CorrelationId>) -> Vec<u8> {
 
 /// A warm-up sample's inputs (`rows` rows) with the host's tensors added:
 /// each row a whole sequence of one request (START, END and READY true,
-/// correlation id 0) from the initial state.
-pub fn warm_up(policy: &SequencePolicy, mut inputs: Vec<Tensor>, rows: usize) -> Vec<Tensor> {
+/// correlation id 0) from the initial state; ragged inputs flattened and
+/// batch inputs added as for one request.
+///
+/// # Errors
+/// As [`BatchLayout::gather`].
+pub fn warm_up(policy: &SequencePolicy, mut inputs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>, String> {
     let row = RowInputs { tensors: Vec::new(), start: true, end: true, id: None };
     let shape = |t: &Tensor| if policy.batch_dimension { vec![rows as i64, 1] } else { t.shape.clone() };
     for c in &policy.controls {
@@ -106,7 +119,7 @@ pub fn warm_up(policy: &SequencePolicy, mut inputs: Vec<Tensor>, rows: usize) ->
         }
         inputs.push(Tensor { shape, data: s.initial.data.repeat(rows), ..s.initial.clone() });
     }
-    inputs
+    if policy.layout.is_plain() { Ok(inputs) } else { policy.layout.gather(std::slice::from_ref(&inputs)) }
 }
 
 /// One row's answer: the outputs a client sees, and the next state (named
@@ -119,8 +132,15 @@ pub type RowAnswer = (Vec<Tensor>, Vec<Tensor>);
 /// # Errors
 /// A message when an output does not have the batch's rows, or a state
 /// output is missing or of another datatype than its state.
-pub fn split(policy: &SequencePolicy, outputs: Vec<Tensor>, rows: usize) -> Result<Vec<RowAnswer>, String> {
-    let per_row = if policy.batch_dimension { batch::split(outputs, &vec![1; rows])? } else { vec![outputs] };
+pub fn split(policy: &SequencePolicy, outputs: Vec<Tensor>, rows: &[&RowInputs]) -> Result<Vec<RowAnswer>, String> {
+    let per_row = if !policy.layout.is_plain() {
+        let sources: Vec<_> = rows.iter().map(|r| policy.layout.sources(&r.tensors)).collect();
+        policy.layout.split(outputs, &vec![1; rows.len()], &sources)?
+    } else if policy.batch_dimension {
+        batch::split(outputs, &vec![1; rows.len()])?
+    } else {
+        vec![outputs]
+    };
     per_row
         .into_iter()
         .map(|mut outputs| {
@@ -142,4 +162,55 @@ pub fn split(policy: &SequencePolicy, outputs: Vec<Tensor>, rows: usize) -> Resu
             Ok((outputs, states))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn fp32(name: &str, shape: &[i64], values: &[f32]) -> Tensor {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor { name: name.into(), datatype: DataType::Fp32, shape: shape.to_vec(), data }
+    }
+
+    fn numbers(t: &Tensor) -> Vec<f32> {
+        match t.datatype {
+            DataType::Int32 => t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            _ => t.data.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        }
+    }
+
+    #[test]
+    fn rows_of_a_ragged_sequence_model_batch_flat_with_their_batch_inputs_and_scattered_outputs() {
+        let config = crate::config::parse(
+            r#"max_batch_size: 4
+               input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+               output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+               batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "offsets"
+                               data_type: TYPE_INT32 source_input: "x" } ]
+               batch_output [ { target_name: "y" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]
+               sequence_batching { control_input [
+                 { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ] }"#,
+        )
+        .unwrap();
+        let policy = SequencePolicy::from_config(&config, Path::new("/nonexistent")).unwrap().unwrap();
+        let row = |id: u64, values: &[f32]| RowInputs {
+            tensors: vec![fp32("x", &[1, values.len() as i64], values)],
+            start: true,
+            end: false,
+            id: Some(CorrelationId::Uint(id)),
+        };
+        let (a, b) = (row(1, &[1., 2.]), row(2, &[3., 4., 5.]));
+        assert_eq!(key(&policy.layout, &a.tensors, &[]), key(&policy.layout, &b.tensors, &[]));
+        let inputs = batch_inputs(&policy, &[&a, &b]).unwrap();
+        let find = |name: &str| inputs.iter().find(|t| t.name == name).unwrap();
+        assert_eq!((find("x").shape.clone(), numbers(find("x"))), (vec![5], vec![1., 2., 3., 4., 5.]));
+        assert_eq!((find("READY").shape.clone(), numbers(find("READY"))), (vec![2, 1], vec![1., 1.]));
+        assert_eq!((find("offsets").shape.clone(), numbers(find("offsets"))), (vec![3], vec![0., 2., 5.]));
+        let answers = split(&policy, vec![fp32("y", &[5], &[10., 20., 30., 40., 50.])], &[&a, &b]).unwrap();
+        assert_eq!(answers[0].0, vec![fp32("y", &[1, 2], &[10., 20.])]);
+        assert_eq!(answers[1].0, vec![fp32("y", &[1, 3], &[30., 40., 50.])]);
+    }
 }
