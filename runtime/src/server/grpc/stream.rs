@@ -5,6 +5,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use tokio::sync::oneshot::error::TryRecvError;
 use tonic::{Status, Streaming};
 
@@ -23,12 +25,15 @@ pub const STREAM_BUFFER: usize = 64;
 type StreamSequence = (String, String, CorrelationId);
 
 /// Serves one `ModelStreamInfer` call: reads requests until the client ends
-/// its side, runs each as its own task, and sends each answer as it is
-/// ready. Requests of one sequence run one after another, in the order
-/// they came, each after the one before was answered. The tasks are
-/// aborted (their queued requests taken out, which cancels their
-/// sequences) when the client cancels or stops reading; when the stream
-/// ends, the sequences it opened and left open end.
+/// its side and runs each as it arrives, in the order read (so requests
+/// sent together join a batch in that order), while sending the answers in
+/// the order of the requests, as Triton does for a model that is not
+/// decoupled (`src/grpc/stream_infer_handler.cc`: one answer per request,
+/// queued in the order received). Requests of one sequence run one after
+/// another, each after the one before was answered. The requests still
+/// running are dropped (their queued requests taken out, which cancels
+/// their sequences) when the client cancels or stops reading; when the
+/// stream ends, the sequences it opened and left open end.
 pub async fn serve_stream(
     service: Arc<Service>,
     mut requests: Streaming<pb::ModelInferRequest>,
@@ -36,7 +41,8 @@ pub async fn serve_stream(
     headers: TraceHeaders,
 ) {
     let owner = new_owner();
-    let mut running = tokio::task::JoinSet::new();
+    // Polled on this task, first in the order pushed; answered in order.
+    let mut running = FuturesOrdered::new();
     // Each sequence's last request so far: its answer has been sent when
     // the receiver reports its sender gone.
     let mut sequences: HashMap<StreamSequence, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
@@ -47,7 +53,7 @@ pub async fn serve_stream(
         tokio::select! {
             next = requests.message(), if reading => match next {
                 Ok(Some(request)) => {
-                    let (service, headers) = (service.clone(), headers.clone());
+                    let (service, headers) = (&*service, &headers);
                     let turn = match request::sequence(&codec::parameters(&request.parameters)) {
                         Ok(Some(sequence)) => {
                             // Sequences whose last request has been answered
@@ -62,14 +68,14 @@ pub async fn serve_stream(
                         }
                         _ => None,
                     };
-                    running.spawn(async move {
+                    running.push_back(async move {
                         let Some((previous, answered, key, end)) = turn else {
-                            return (stream_answer(&service, request, owner, &headers).await, None);
+                            return (stream_answer(service, request, owner, headers).await, None);
                         };
                         if let Some(turn) = previous {
                             let _ = turn.await;
                         }
-                        (stream_answer(&service, request, owner, &headers).await, Some((answered, key, end)))
+                        (stream_answer(service, request, owner, headers).await, Some((answered, key, end)))
                     });
                 }
                 Ok(None) => reading = false,
@@ -81,10 +87,7 @@ pub async fn serve_stream(
                 // The client cancelled the call or the connection broke.
                 Err(_) => break,
             },
-            Some(done) = running.join_next() => {
-                let (answer, sequence) = done.unwrap_or_else(|e| {
-                    (stream_error(String::new(), &format!("the request failed: {e}")), None)
-                });
+            Some((answer, sequence)) = running.next() => {
                 let succeeded = answer.error_message.is_empty();
                 let sent = answers.send(Ok(answer)).await;
                 // The sequence's next request may run now that this answer
