@@ -1,5 +1,5 @@
 //! `ModelStreamInfer`: the requests of one bidirectional stream, each run
-//! as it arrives and answered as it completes, with the sequences a stream
+//! as it arrives and answered in the order of the requests, with the sequences a stream
 //! opens kept in order and ended with it.
 
 use std::collections::{HashMap, HashSet};
