@@ -230,22 +230,22 @@ fn placements(
             Kind::Auto => usable > 0,
             Kind::Cpu | Kind::Model => false,
         };
+        // A listed GPU that cannot serve is named first, whatever the reason.
+        let unusable = group.gpus.iter().find(|&&g| usize::try_from(g).map_or(true, |id| id >= usable));
         if !on_gpu {
             all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
+        } else if let Some(g) = unusable {
+            let why = gpus.as_ref().map_or_else(Clone::clone, |n| format!("{n} are usable (ids from 0)"));
+            return Err(format!(
+                "instance_group {name} asks for KIND_GPU, but gpu id {g} is invalid or unsupported: {why}"
+            ));
         } else if let Err(why) = gpus {
             return Err(format!("instance_group {name} asks for KIND_GPU, but {why}"));
         } else {
             let ids: Vec<usize> = if group.gpus.is_empty() {
                 (0..usable).collect()
             } else {
-                group
-                    .gpus
-                    .iter()
-                    .map(|&g| match usize::try_from(g) {
-                        Ok(id) if id < usable => Ok(id),
-                        _ => Err(format!("instance_group {name}: GPU {g} does not exist; {usable} are usable")),
-                    })
-                    .collect::<Result<_, _>>()?
+                group.gpus.iter().filter_map(|&g| usize::try_from(g).ok()).collect()
             };
             for id in ids {
                 all.extend(std::iter::repeat_n(Placement::Gpu(id), count.min(MAX_INSTANCES + 1)));
@@ -319,8 +319,17 @@ mod tests {
         assert_eq!(placements(&gpu, BackendKind::Pytorch, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
         assert_eq!(placements(&gpu, BackendKind::OnnxRuntime, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
         let refused = placements(&gpu, BackendKind::OnnxRuntime, &none).unwrap_err();
-        assert!(refused.contains("instance_group g asks for KIND_GPU, but libtorch sees no CUDA device"), "{refused}");
-        assert!(placements(&gpu, BackendKind::Pytorch, &Ok(1)).unwrap_err().contains("GPU 1 does not exist"));
+        assert_eq!(
+            refused,
+            "instance_group g asks for KIND_GPU, but gpu id 1 is invalid or unsupported: libtorch sees no CUDA device"
+        );
+        let every_gpu = config(r#"instance_group [{ name: "g" kind: KIND_GPU }]"#);
+        let refused = placements(&every_gpu, BackendKind::OnnxRuntime, &none).unwrap_err();
+        assert_eq!(refused, "instance_group g asks for KIND_GPU, but libtorch sees no CUDA device");
+        assert_eq!(
+            placements(&gpu, BackendKind::Pytorch, &Ok(1)).unwrap_err(),
+            "instance_group g asks for KIND_GPU, but gpu id 1 is invalid or unsupported: 1 are usable (ids from 0)"
+        );
         let auto = config(r#"instance_group [{ count: 3 }]"#);
         assert_eq!(placements(&auto, BackendKind::Pytorch, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);
         assert_eq!(placements(&auto, BackendKind::OnnxRuntime, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);
