@@ -64,9 +64,12 @@ pub fn load(
     let mut device_bytes = BTreeMap::new();
     let backends = match framework {
         BackendKind::OnnxRuntime => {
+            let path = file("model.onnx");
+            if let Some(hint) = not_onnx(name, version_dir, config, &path) {
+                return Err(format!("model file {} does not exist; {hint}", path.display()));
+            }
             let onnx = rt.onnx.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {}", onnx::HINT))?;
             let options = session_options(config, placements.len())?;
-            let path = file("model.onnx");
             let load = |&p: &Placement| measured(rt, p, &mut device_bytes, || onnx.load(&path, options, p));
             placements.iter().map(load).collect::<Result<_, _>>().map(shared)?
         }
@@ -89,6 +92,37 @@ pub fn load(
         }
     };
     Ok(Instances { backends, device_bytes })
+}
+
+/// The files by which Triton picks the backend of a model whose
+/// configuration names none, other than ONNX Runtime's, and what each is.
+const OTHER_MODEL_FILES: [(&str, &str); 6] = [
+    ("model.pt", "a TorchScript model: Plinth serves it with platform \"pytorch_libtorch\" in config.pbtxt"),
+    ("model.plan", "a TensorRT engine, for Triton's 'tensorrt' backend, which Plinth does not ship"),
+    ("model.py", "a model of Triton's 'python' backend, which Plinth does not ship"),
+    ("model.xml", "a model of Triton's 'openvino' backend, which Plinth does not ship"),
+    ("model.savedmodel", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+    ("model.graphdef", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+];
+
+/// Why a model whose configuration names no platform or backend, and whose
+/// ONNX file `path` is missing, is no ONNX model: the file of another
+/// backend in its version folder, or a name `NAME.BACKEND` (Triton's way to
+/// name a custom backend). `None` when neither explains it.
+fn not_onnx(name: &str, version_dir: &Path, config: &ModelConfig, path: &Path) -> Option<String> {
+    if path.exists() || !config.platform.is_empty() || !config.backend.is_empty() {
+        return None;
+    }
+    let unnamed = "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model";
+    if let Some((file, what)) = OTHER_MODEL_FILES.iter().find(|(file, _)| version_dir.join(file).exists()) {
+        return Some(format!("{unnamed}, but the version folder holds {file}, {what}"));
+    }
+    let (_, backend) = name.rsplit_once('.')?;
+    Some(format!(
+        "{unnamed}; a model name of the form NAME.BACKEND does not pick backend '{backend}' here (Triton's custom \
+         backends): name it with backend: \"{backend}\" in config.pbtxt (Plinth serves {})",
+        config::validate::SERVED
+    ))
 }
 
 fn shared<B: Backend + 'static>(backends: Vec<B>) -> Vec<Arc<dyn Backend>> {
@@ -309,6 +343,24 @@ mod tests {
         assert!(
             BackendKind::of(&config(r#"platform: "tensorflow_savedmodel""#)).unwrap_err().contains("not supported")
         );
+    }
+
+    #[test]
+    fn a_model_without_platform_and_onnx_file_is_named_by_what_its_folder_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("model.onnx");
+        std::fs::write(dir.path().join("model.py"), "").unwrap();
+        assert_eq!(
+            not_onnx("m", dir.path(), &config(""), &missing).unwrap(),
+            "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model, but the version folder \
+             holds model.py, a model of Triton's 'python' backend, which Plinth does not ship"
+        );
+        assert_eq!(not_onnx("m", dir.path(), &config(r#"backend: "onnxruntime""#), &missing), None);
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(not_onnx("m", empty.path(), &config(""), &missing), None);
+        let custom = not_onnx("m.identity", empty.path(), &config(""), &missing).unwrap();
+        assert!(custom.contains("does not pick backend 'identity' here"), "{custom}");
+        assert!(custom.contains("backend: \"identity\""), "{custom}");
     }
 
     #[test]
