@@ -305,9 +305,12 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
         });
         for tensor in step.output_map.values() {
             if let Some((_, first)) = written.iter().find(|(t, _)| t == tensor) {
-                p.add(format!(
-                    "ensemble tensor '{tensor}' can appear in an output map only once: step {first} and step {i} write it"
-                ));
+                let writers = if *first == i {
+                    format!("step {i} writes it twice")
+                } else {
+                    format!("step {first} and step {i} write it")
+                };
+                p.add(format!("ensemble tensor '{tensor}' can appear in an output map only once: {writers}"));
             }
             written.push((tensor, i));
         }
@@ -709,6 +712,16 @@ mod tests {
         ] {
             assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
         }
+        let twice = r#"
+            platform: "ensemble" max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            ensemble_scheduling { step [
+              { model_name: "a" input_map { key: "x" value: "IN" } output_map [ { key: "y" value: "OUT" }, { key: "z" value: "OUT" } ] } ] }"#;
+        assert_eq!(
+            problems(twice),
+            ["ensemble tensor 'OUT' can appear in an output map only once: step 0 writes it twice"]
+        );
         let unconnected = r#"
             platform: "ensemble" max_batch_size: 8
             input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
