@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::lifecycle::{ControlMode, LoadLimits};
+use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
 use crate::residency::Budget;
 use crate::server::ServeOptions;
@@ -72,24 +72,79 @@ pub enum PluginCommand {
     },
 }
 
-/// Flags of `plinth check`.
+/// Flags of `plinth check`: those of `plinth serve` that decide whether a
+/// model loads.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// A model repository folder (repeat for several).
-    #[arg(long = "model-repository", required = true, value_name = "PATH")]
+    /// The repositories, runtimes and limits, as `plinth serve` takes them.
+    #[command(flatten)]
+    pub loading: LoadArgs,
+}
+
+impl CheckArgs {
+    /// The loading options these flags describe, in control mode `none`.
+    ///
+    /// # Errors
+    /// As [`LoadArgs::options`].
+    pub fn options(&self) -> Result<LoadingOptions, String> {
+        self.loading.options(ControlMode::None, Budget::default(), Duration::from_secs(DEFAULT_LOAD_TIMEOUT_SECS))
+    }
+}
+
+/// The flags that decide whether a model loads, the same for `plinth serve`
+/// and `plinth check`.
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// A model repository folder (repeat for several; none in modelmesh mode).
+    #[arg(long = "model-repository", value_name = "PATH")]
     pub model_repositories: Vec<PathBuf>,
 
     /// The ONNX Runtime 1.31 shared library (libonnxruntime.so).
     #[arg(long, env = "ORT_DYLIB_PATH", value_name = "PATH")]
     pub ort_dylib_path: Option<PathBuf>,
+
+    /// Model loads that run at once (default: one per core).
+    #[arg(long)]
+    pub model_load_concurrency: Option<usize>,
+
+    /// Device memory models may hold on a GPU, as a fraction of its memory:
+    /// DEVICE:FRACTION, e.g. 0:0.8 (repeat per GPU; Triton's flag). Each
+    /// model's share is measured at its load. In on_demand mode the least
+    /// recently used models on that GPU leave to make room; in the other
+    /// modes a load that does not fit is refused.
+    #[arg(long = "model-load-gpu-limit", value_name = "DEVICE:FRACTION", value_parser = parse_gpu_limit)]
+    pub model_load_gpu_limits: Vec<(u32, f64)>,
+
+    /// Largest linear memory a plugin instance may use, e.g. 256MiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub plugin_memory_limit: usize,
+
+    /// How long one plugin call may run, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub plugin_timeout_ms: u64,
+
+    /// Plugin calls running at once across all models (default: one per core).
+    #[arg(long)]
+    pub plugin_concurrency: Option<usize>,
+
+    /// Folder for compiled plugins (default: $XDG_CACHE_HOME/plinth/plugins
+    /// or ~/.cache/plinth/plugins; "none" disables the cache).
+    #[arg(long, value_name = "PATH")]
+    pub plugin_cache_dir: Option<PathBuf>,
+
+    /// The response cache, as Triton's `<cache>,<key>=<value>`: Plinth has
+    /// `local,size=BYTES`, used by models with `response_cache { enable:
+    /// true }`.
+    #[arg(long, value_name = "CACHE,KEY=VALUE")]
+    pub cache_config: Vec<String>,
 }
 
 /// Flags of `plinth serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// A model repository folder (repeat for several; none in modelmesh mode).
-    #[arg(long = "model-repository", value_name = "PATH")]
-    pub model_repositories: Vec<PathBuf>,
+    /// The repositories, runtimes and limits (shared with `plinth check`).
+    #[command(flatten)]
+    pub loading: LoadArgs,
 
     /// How the loaded models change after start.
     #[arg(long, value_enum, default_value_t = ControlMode::None)]
@@ -114,22 +169,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_loaded_models: Option<usize>,
 
-    /// Device memory models may hold on a GPU, as a fraction of its memory:
-    /// DEVICE:FRACTION, e.g. 0:0.8 (repeat per GPU; Triton's flag). Each
-    /// model's share is measured at its load. In on_demand mode the least
-    /// recently used models on that GPU leave to make room; in the other
-    /// modes a load that does not fit is refused.
-    #[arg(long = "model-load-gpu-limit", value_name = "DEVICE:FRACTION", value_parser = parse_gpu_limit)]
-    pub model_load_gpu_limits: Vec<(u32, f64)>,
-
-    /// Model loads that run at once (default: one per core).
-    #[arg(long)]
-    pub model_load_concurrency: Option<usize>,
-
     /// On-demand mode: seconds a request waits for its model to load
     /// before it gets 503 (the load goes on). Modelmesh mode: the load
     /// timeout reported to ModelMesh.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = DEFAULT_LOAD_TIMEOUT_SECS)]
     pub model_load_timeout_secs: u64,
 
     /// Port of the KServe v2 gRPC service and the gRPC health service (0
@@ -180,27 +223,6 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
 
-    /// The ONNX Runtime 1.31 shared library (libonnxruntime.so).
-    #[arg(long, env = "ORT_DYLIB_PATH", value_name = "PATH")]
-    pub ort_dylib_path: Option<PathBuf>,
-
-    /// Largest linear memory a plugin instance may use, e.g. 256MiB.
-    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
-    pub plugin_memory_limit: usize,
-
-    /// How long one plugin call may run, in milliseconds.
-    #[arg(long, default_value_t = 2000)]
-    pub plugin_timeout_ms: u64,
-
-    /// Plugin calls running at once across all models (default: one per core).
-    #[arg(long)]
-    pub plugin_concurrency: Option<usize>,
-
-    /// Folder for compiled plugins (default: $XDG_CACHE_HOME/plinth/plugins
-    /// or ~/.cache/plinth/plugins; "none" disables the cache).
-    #[arg(long, value_name = "PATH")]
-    pub plugin_cache_dir: Option<PathBuf>,
-
     /// HTTP APIs that answer only requests with a header, as
     /// `<api>,<api>,...:<key>=<value>` (the header `<key>`; repeatable).
     /// APIs: health, metadata, inference, shared-memory, model-config,
@@ -214,12 +236,6 @@ pub struct ServeArgs {
     /// --http-restricted-api.
     #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
     pub grpc_restricted_protocol: Vec<String>,
-
-    /// The response cache, as Triton's `<cache>,<key>=<value>`: Plinth has
-    /// `local,size=BYTES`, used by models with `response_cache { enable:
-    /// true }`.
-    #[arg(long, value_name = "CACHE,KEY=VALUE")]
-    pub cache_config: Vec<String>,
 
     /// Let clients register and unregister system shared memory regions
     /// (`/v2/systemsharedmemory`, Triton's flag and default).
@@ -253,6 +269,53 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     usize::try_from(size.as_u64()).map_err(|_| format!("'{s}' is too large"))
 }
 
+/// `--model-load-timeout-secs`' default; `plinth check` loads with it.
+const DEFAULT_LOAD_TIMEOUT_SECS: u64 = 60;
+
+impl LoadArgs {
+    /// The loading options these flags describe, in `mode`, with the
+    /// residency `budget` and load `timeout` (flags of `plinth serve` only).
+    ///
+    /// # Errors
+    /// A message for a flag given twice, a repository missing outside
+    /// modelmesh mode, or one given in it, or a malformed `--cache-config`.
+    pub fn options(&self, mode: ControlMode, budget: Budget, timeout: Duration) -> Result<LoadingOptions, String> {
+        match (mode == ControlMode::ModelMesh, self.model_repositories.is_empty()) {
+            (true, false) => {
+                return Err("--model-control-mode=modelmesh takes no --model-repository: \
+                            ModelMesh names each model's path"
+                    .into());
+            }
+            (false, true) => return Err("--model-repository is required (repeat it for several repositories)".into()),
+            _ => {}
+        }
+        let mut limited = std::collections::BTreeSet::new();
+        if let Some((gpu, _)) = self.model_load_gpu_limits.iter().find(|(gpu, _)| !limited.insert(*gpu)) {
+            return Err(format!("--model-load-gpu-limit is given twice for GPU {gpu}"));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        Ok(LoadingOptions {
+            model_repositories: self.model_repositories.clone(),
+            control_mode: mode,
+            load_limits: LoadLimits { concurrency: self.model_load_concurrency.unwrap_or(cores), timeout, budget },
+            gpu_load_limits: self.model_load_gpu_limits.clone(),
+            ort_dylib_path: self.ort_dylib_path.clone(),
+            plugin_limits: PluginLimits {
+                memory_bytes: self.plugin_memory_limit,
+                call_timeout: Duration::from_millis(self.plugin_timeout_ms),
+                concurrency: self.plugin_concurrency.unwrap_or(cores),
+                instances: 0,
+            },
+            plugin_cache_dir: match &self.plugin_cache_dir {
+                Some(p) if p.as_os_str() == "none" => None,
+                Some(p) => Some(p.clone()),
+                None => default_cache_dir(),
+            },
+            response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
+        })
+    }
+}
+
 impl ServeArgs {
     /// The server options these flags describe.
     ///
@@ -266,15 +329,6 @@ impl ServeArgs {
                 .into());
         }
         let mesh = self.model_control_mode == ControlMode::ModelMesh;
-        match (mesh, self.model_repositories.is_empty()) {
-            (true, false) => {
-                return Err("--model-control-mode=modelmesh takes no --model-repository: \
-                            ModelMesh names each model's path"
-                    .into());
-            }
-            (false, true) => return Err("--model-repository is required (repeat it for several repositories)".into()),
-            _ => {}
-        }
         let budgeted = self.model_memory_budget.is_some() || self.max_loaded_models.is_some();
         if budgeted && !matches!(self.model_control_mode, ControlMode::OnDemand | ControlMode::ModelMesh) {
             return Err("--model-memory-budget and --max-loaded-models need --model-control-mode=on_demand, \
@@ -287,27 +341,17 @@ impl ServeArgs {
                 "--model-control-mode=modelmesh needs gRPC: ModelMesh calls mmesh.ModelRuntime on --grpc-port".into()
             );
         }
-        let mut limited = std::collections::BTreeSet::new();
-        if let Some((gpu, _)) = self.model_load_gpu_limits.iter().find(|(gpu, _)| !limited.insert(*gpu)) {
-            return Err(format!("--model-load-gpu-limit is given twice for GPU {gpu}"));
-        }
         if mesh && self.max_loaded_models.is_some() {
             return Err("--max-loaded-models does not apply in modelmesh mode: ModelMesh counts by bytes".into());
         }
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let budget = Budget {
+            bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),
+            models: self.max_loaded_models,
+            gpu: Default::default(),
+        };
+        let timeout = Duration::from_secs(self.model_load_timeout_secs);
         Ok(ServeOptions {
-            model_repositories: self.model_repositories.clone(),
-            control_mode: self.model_control_mode,
-            load_limits: LoadLimits {
-                concurrency: self.model_load_concurrency.unwrap_or(cores),
-                timeout: Duration::from_secs(self.model_load_timeout_secs),
-                budget: Budget {
-                    bytes: self.model_memory_budget.map(|b| b as u64).or_else(|| mesh.then(default_mesh_budget)),
-                    models: self.max_loaded_models,
-                    gpu: Default::default(),
-                },
-            },
-            gpu_load_limits: self.model_load_gpu_limits.clone(),
+            loading: self.loading.options(self.model_control_mode, budget, timeout)?,
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
             grpc_port: self.allow_grpc.then_some(self.grpc_port),
             repository_poll: Duration::from_secs(self.repository_poll_secs),
@@ -321,22 +365,9 @@ impl ServeArgs {
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
             strict_readiness: self.strict_readiness,
-            ort_dylib_path: self.ort_dylib_path.clone(),
-            plugin_limits: PluginLimits {
-                memory_bytes: self.plugin_memory_limit,
-                call_timeout: Duration::from_millis(self.plugin_timeout_ms),
-                concurrency: self.plugin_concurrency.unwrap_or(cores),
-                instances: 0,
-            },
-            plugin_cache_dir: match &self.plugin_cache_dir {
-                Some(p) if p.as_os_str() == "none" => None,
-                Some(p) => Some(p.clone()),
-                None => default_cache_dir(),
-            },
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
-            response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
             trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
     }

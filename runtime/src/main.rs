@@ -67,13 +67,12 @@ fn main() -> ExitCode {
 /// Runs `plinth check`: prints each problem on its own line; `Ok(true)` when
 /// there is none.
 fn check(args: CheckArgs) -> Result<bool, String> {
-    let mut runtimes =
-        plinth::model::Runtimes::start(args.ort_dylib_path.as_deref(), plinth::plugin::PluginLimits::default(), None)?;
-    // The cache is the server's (`--cache-config`); a model may use it
-    // whatever its size, so a check gives the models an empty one.
-    runtimes.response_cache = Some(std::sync::Arc::new(plinth::model::ResponseCache::new(0)));
+    let opts = args.options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let problems = runtime.block_on(plinth::lifecycle::check_repository(args.model_repositories, runtimes))?;
+    let problems = runtime.block_on(plinth::lifecycle::check_repository(&opts))?;
+    // Blocking tasks still running (a plugin call) are not waited for, as
+    // at the end of `serve`.
+    runtime.shutdown_background();
     for problem in &problems {
         println!("{problem}");
     }

@@ -73,9 +73,16 @@ impl Libtorch {
             return Err(format!("model file {} does not exist", path.display()));
         }
         if inputs.is_empty() || outputs.is_empty() {
-            return Err("a TorchScript file does not record its tensors' types and shapes: \
-                 declare every input and output in config.pbtxt"
-                .to_owned());
+            let given = match (inputs.is_empty(), outputs.is_empty()) {
+                (true, true) => "no input and no output",
+                (true, false) => "no input",
+                _ => "no output",
+            };
+            return Err(format!(
+                "config.pbtxt specifies {given}; a TorchScript model needs at least one input and one output in its \
+                 configuration, as a TorchScript file does not record its tensors' types and shapes: declare every \
+                 input and output in config.pbtxt"
+            ));
         }
         let device = match placement {
             Placement::Cpu => Device::Cpu,

@@ -158,6 +158,27 @@ pub fn datatype_from_config(value: i32) -> Option<DataType> {
     })
 }
 
+/// The `config.pbtxt` name of a v2 datatype (`TYPE_FP32`, ...; `BYTES` is
+/// `TYPE_STRING`), as messages about a configuration spell it.
+pub fn config_type_name(datatype: DataType) -> &'static str {
+    match datatype {
+        DataType::Bytes => "TYPE_STRING",
+        DataType::Bool => "TYPE_BOOL",
+        DataType::Uint8 => "TYPE_UINT8",
+        DataType::Uint16 => "TYPE_UINT16",
+        DataType::Uint32 => "TYPE_UINT32",
+        DataType::Uint64 => "TYPE_UINT64",
+        DataType::Int8 => "TYPE_INT8",
+        DataType::Int16 => "TYPE_INT16",
+        DataType::Int32 => "TYPE_INT32",
+        DataType::Int64 => "TYPE_INT64",
+        DataType::Fp16 => "TYPE_FP16",
+        DataType::Fp32 => "TYPE_FP32",
+        DataType::Fp64 => "TYPE_FP64",
+        DataType::Bf16 => "TYPE_BF16",
+    }
+}
+
 /// A configuration as JSON, as Triton's model configuration extension
 /// returns it: protobuf field names, enum values by name, 64-bit integers
 /// as numbers, and fields left at their default included.
@@ -269,6 +290,15 @@ pub fn with_missing_files_hint(config: &ModelConfig, reason: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_type_names_round_trip() {
+        for datatype in DataType::ALL {
+            let name = config_type_name(datatype);
+            let value = proto::DataType::from_str_name(name).unwrap_or_else(|| panic!("{name} is no data_type"));
+            assert_eq!(datatype_from_config(value as i32), Some(datatype), "{name}");
+        }
+    }
 
     const OCR_REC: &str = r#"
         name: "ocr_rec"

@@ -64,7 +64,7 @@ pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
     let mut p = Problems(Vec::new());
     platform(config, &mut p);
     p.check(config.max_batch_size >= 0, || {
-        format!("'max_batch_size' must be 0 or more, got {}", config.max_batch_size)
+        format!("'max_batch_size' is {}, not a non-negative value (0 or more)", config.max_batch_size)
     });
     version_policy(config, &mut p);
     for (kind, ios) in [("input", io_list(&config.input)), ("output", io_list(&config.output))] {
@@ -210,7 +210,10 @@ fn io_shape(kind: &str, io: &Io<'_>, max_batch_size: i32, p: &mut Problems) {
         format!("{what}: an empty 'reshape' needs max_batch_size > 0 (a model without batching has no scalar tensors)")
     });
     if !sizes_ok(reshape) {
-        p.add(format!("{what}: every dimension of 'reshape' must be 1 or more, or -1, got {reshape:?}"));
+        p.add(format!(
+            "{what}: 'reshape' {reshape:?} has a dimension below 1; each reshape dimension is an integer of 1 or \
+             more, or -1 for a variable-size dimension"
+        ));
         return;
     }
     let trunks = |dims: &[i64]| -> Vec<i64> { dims.split(|&d| d == -1).map(|trunk| trunk.iter().product()).collect() };
@@ -400,9 +403,12 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
         });
         for tensor in step.output_map.values() {
             if let Some((_, first)) = written.iter().find(|(t, _)| t == tensor) {
-                p.add(format!(
-                    "ensemble tensor '{tensor}' can appear in an output map only once: step {first} and step {i} write it"
-                ));
+                let writers = if *first == i {
+                    format!("step {i} writes it twice")
+                } else {
+                    format!("step {first} and step {i} write it")
+                };
+                p.add(format!("ensemble tensor '{tensor}' can appear in an output map only once: {writers}"));
             }
             written.push((tensor, i));
         }
@@ -433,9 +439,24 @@ fn ensemble(config: &ModelConfig, scheduling: &proto::ModelEnsembling, p: &mut P
     }
     let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
     for output in &config.output {
-        p.check(written.iter().any(|(t, _)| *t == output.name), || {
-            format!("ensemble output '{}' is not written: no step writes it", output.name)
-        });
+        let writers: Vec<usize> = written.iter().filter(|(t, _)| *t == output.name).map(|(_, i)| *i).collect();
+        if writers.is_empty() {
+            p.add(format!("ensemble output '{}' is not written: no step writes it", output.name));
+        } else if !available.contains(output.name.as_str()) {
+            // Only steps that can never run write it: name what they wait for.
+            let mut waits: Vec<&str> = writers
+                .iter()
+                .flat_map(|&i| scheduling.step[i].input_map.values().map(String::as_str))
+                .filter(|t| !available.contains(t))
+                .collect();
+            waits.sort_unstable();
+            waits.dedup();
+            p.add(format!(
+                "ensemble output '{}' is not written: the tensors it depends on {waits:?} are not connected (no \
+                 ensemble input, and no step that can run, writes them)",
+                output.name
+            ));
+        }
     }
     for (tensor, i) in &written {
         p.check(read.contains(tensor) || outputs.contains(tensor), || {
@@ -457,7 +478,8 @@ fn dynamic_batching(db: &ModelDynamicBatching, max_batch_size: i32, p: &mut Prob
     if levels > 0 {
         p.check((1..=levels).contains(&db.default_priority_level), || {
             format!(
-                "'default_priority_level' must be within 1..={levels} (priority_levels), got {}",
+                "default priority level ('default_priority_level') {} is not in range [1, {levels}] \
+                 ('priority_levels')",
                 db.default_priority_level
             )
         });
@@ -468,18 +490,27 @@ fn dynamic_batching(db: &ModelDynamicBatching, max_batch_size: i32, p: &mut Prob
     }
     for &level in db.priority_queue_policy.keys() {
         p.check((1..=levels.max(1)).contains(&level) && (levels > 0 || level == 1), || {
-            format!("'priority_queue_policy' names level {level}, outside 1..={levels} (priority_levels)")
+            format!(
+                "priority queue policy ('priority_queue_policy') names priority level {level}, not in range [1, \
+                 {levels}] ('priority_levels')"
+            )
         });
     }
     if db.preserve_ordering {
-        p.check(levels <= 1, || "'preserve_ordering' allows only one priority level ('priority_levels')".to_owned());
+        p.check(levels <= 1, || {
+            format!(
+                "'preserve_ordering' is true, so only one priority level may be used; 'priority_levels' is {levels}"
+            )
+        });
         let delays = |q: &proto::ModelQueuePolicy| {
             q.default_timeout_microseconds != 0 && q.timeout_action == TimeoutAction::Delay as i32
         };
         let any_delay =
             db.default_queue_policy.as_ref().is_some_and(delays) || db.priority_queue_policy.values().any(delays);
         p.check(!any_delay, || {
-            "a queue policy with timeout_action DELAY cannot be used with 'preserve_ordering'".to_owned()
+            "'preserve_ordering' is true, so no queue policy may have DELAY as its timeout action \
+             ('timeout_action')"
+                .to_owned()
         });
     }
 }
@@ -500,10 +531,14 @@ fn instance_groups(config: &ModelConfig, p: &mut Problems) {
         });
         let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
         p.check(!matches!(kind, Kind::Cpu | Kind::Model) || group.gpus.is_empty(), || {
-            format!("instance_group {name} has kind {} but lists 'gpus' {:?}", kind.as_str_name(), group.gpus)
+            format!(
+                "instance group {name} is of kind {}, yet 'gpus' specifies GPUs {:?}",
+                kind.as_str_name(),
+                group.gpus
+            )
         });
         if let Some(gpu) = group.gpus.iter().find(|&&g| g < 0) {
-            p.add(format!("instance_group {name}: gpu id {gpu} is not a device index"));
+            p.add(format!("instance group {name}: gpu id {gpu} in 'gpus' is invalid, not a device index"));
         }
         p.refuse(!group.profile.is_empty(), &format!("instance_group {name}: "), "profile", "profiles are TensorRT's");
         p.refuse(
@@ -641,9 +676,9 @@ mod tests {
             "output 'y' must have 'dims'",
             "output 'y': 'is_shape_tensor' is set, but shape tensors are TensorRT's; remove it",
             "'preferred_batch_size' 4 is not within 1..=2 (max_batch_size)",
-            "'default_priority_level' must be within 1..=2 (priority_levels), got 3",
-            "'preserve_ordering' allows only one priority level",
-            "instance_group #0 has kind KIND_CPU but lists 'gpus' [0]",
+            "default priority level ('default_priority_level') 3 is not in range [1, 2] ('priority_levels')",
+            "'preserve_ordering' is true, so only one priority level may be used; 'priority_levels' is 2",
+            "instance group #0 is of kind KIND_CPU, yet 'gpus' specifies GPUs [0]",
             "instance_group #0: 'rate_limiter' is set, but Plinth has no rate limiter; remove it",
             "'optimization.execution_accelerators' is set",
             "batch input data type must be TYPE_INT32 or TYPE_FP32, got TYPE_INT8",
@@ -761,6 +796,32 @@ mod tests {
         ] {
             assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
         }
+        let twice = r#"
+            platform: "ensemble" max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            ensemble_scheduling { step [
+              { model_name: "a" input_map { key: "x" value: "IN" } output_map [ { key: "y" value: "OUT" }, { key: "z" value: "OUT" } ] } ] }"#;
+        assert_eq!(
+            problems(twice),
+            ["ensemble tensor 'OUT' can appear in an output map only once: step 0 writes it twice"]
+        );
+        let unconnected = r#"
+            platform: "ensemble" max_batch_size: 8
+            input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "LATE" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            ensemble_scheduling { step [
+              { model_name: "a" input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } },
+              { model_name: "b" input_map { key: "x" value: "NOWHERE" } output_map { key: "y" value: "LATE" } } ] }"#;
+        assert_eq!(
+            problems(unconnected),
+            [
+                "ensemble step 1 (model 'b') can never run: its inputs [\"NOWHERE\"] are neither ensemble inputs nor \
+                 written by a step that can run",
+                "ensemble output 'LATE' is not written: the tensors it depends on [\"NOWHERE\"] are not connected (no \
+                 ensemble input, and no step that can run, writes them)",
+            ]
+        );
     }
 
     #[test]

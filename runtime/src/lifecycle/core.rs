@@ -20,6 +20,7 @@ use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
 use crate::residency::{self, Footprint, Residency};
+use crate::scheduler::sequence::policy::SequencePolicy;
 
 /// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
 pub const PINNED_PARAMETER: &str = "pinned";
@@ -614,7 +615,8 @@ impl Core {
 /// The model's configuration: the JSON override, or `config.pbtxt`. A
 /// configuration's `name` must be its folder's (or empty); with `rename` it
 /// gives way to the folder's. It must pass Triton's validation rules
-/// (`config::validate`), checked before any model file is looked at.
+/// (`config::validate`, and the sequence batcher's control inputs),
+/// checked before any model file is looked at.
 ///
 /// # Errors
 /// Every problem found, one message each.
@@ -640,5 +642,8 @@ pub(super) fn model_config(
         ));
     }
     problems.extend(config::validate::validate(&config).err().unwrap_or_default());
+    // The scheduler's rules that need no file run with the validation, as
+    // Triton's do, so that a model without versions is refused for them too.
+    problems.extend(SequencePolicy::check_config(&config).err());
     if problems.is_empty() { Ok(config) } else { Err(problems) }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::config::Signature;
+use crate::config::{Signature, config_type_name};
 use crate::error::LoadError;
 use crate::model::Ensemble;
 use crate::registry::Registry;
@@ -105,7 +105,10 @@ pub(super) fn check_steps(
                 problems.push(at(&format!(
                     "ensemble tensor '{tensor}': inconsistent data type: {} is inferred from {} while {} is \
                      inferred from model {} (input '{input}')",
-                    source.datatype, source.by, spec.datatype, step.model
+                    config_type_name(source.datatype),
+                    source.by,
+                    config_type_name(spec.datatype),
+                    step.model
                 )));
             }
             let shape = steps_signature.full_shape(spec);
@@ -150,7 +153,10 @@ pub(super) fn check_steps(
             problems.push(format!(
                 "in ensemble '{name}', ensemble tensor '{}': inconsistent data type: {} is inferred from {} while \
                  the ensemble declares {}",
-                output.name, source.datatype, source.by, output.datatype
+                output.name,
+                config_type_name(source.datatype),
+                source.by,
+                config_type_name(output.datatype)
             ));
         }
         let shape = signature.full_shape(output);

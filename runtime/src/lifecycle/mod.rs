@@ -27,6 +27,7 @@ mod on_demand;
 mod poll;
 mod request;
 mod runner;
+mod runtimes;
 mod startup;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -38,6 +39,7 @@ pub use check::check_repository;
 pub use loader::{Loader, RuntimeLoader};
 pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 pub use request::{FILE_PREFIX, LoadRequest};
+pub use runtimes::LoadingOptions;
 
 use std::path::PathBuf;
 use std::sync::Arc;

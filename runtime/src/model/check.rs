@@ -3,7 +3,7 @@
 
 use super::scheduling::Scheduling;
 use crate::backend::ModelIo;
-use crate::config::{CONFIG_FILE, Signature};
+use crate::config::{CONFIG_FILE, Signature, config_type_name};
 use crate::error::Error;
 use crate::scheduler::ragged::BatchLayout;
 use crate::scheduler::sequence::policy::SequencePolicy;
@@ -143,7 +143,8 @@ pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[Mo
     if !sig.inputs.is_empty() && required != inputs.len() {
         let names: Vec<_> = inputs.iter().map(|io| io.name.as_str()).collect();
         return Err(format!(
-            "{CONFIG_FILE} declares {required} required inputs, but the model has {} ({names:?}): declare every input, or none to take them from the model",
+            "the model provides {} inputs ({names:?}), but the configuration expects {required} required inputs: \
+             declare every input in {CONFIG_FILE}, or none to take them from the model",
             inputs.len()
         ));
     }
@@ -158,7 +159,10 @@ pub fn complete_and_check(sig: &mut Signature, inputs: &[ModelIo], outputs: &[Mo
             }
             let io = actual.iter().find(|io| io.name == spec.name).ok_or_else(|| {
                 let names: Vec<_> = actual.iter().map(|io| io.name.as_str()).collect();
-                format!("{CONFIG_FILE} declares {kind} '{}', but the model's {kind}s are {names:?}", spec.name)
+                format!(
+                    "unexpected {kind} '{}' in {CONFIG_FILE}: the {kind}s the model allows are {names:?}",
+                    spec.name
+                )
             })?;
             check_tensor(spec, io, batch, kind)?;
         }
@@ -213,10 +217,10 @@ fn spec_from_model(io: &ModelIo, batch: bool, kind: &str) -> Result<TensorSpec, 
 fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Result<(), String> {
     let name = &spec.name;
     if io.datatype != Some(spec.datatype) {
-        let actual = io.datatype.map_or_else(|| io.type_name.clone(), |d| d.name().to_owned());
+        let actual = io.datatype.map_or_else(|| io.type_name.clone(), |d| config_type_name(d).to_owned());
         return Err(format!(
-            "{kind} '{name}': {CONFIG_FILE} says data_type {}, but the model's {kind} is {actual}",
-            spec.datatype
+            "{kind} '{name}': unexpected datatype: {CONFIG_FILE} says data_type {}, but the model's {kind} is {actual}",
+            config_type_name(spec.datatype)
         ));
     }
     let model_dims = if batch {
@@ -224,7 +228,8 @@ fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Res
             Some(-1) => &io.shape[1..],
             Some(&d) => {
                 return Err(format!(
-                    "{kind} '{name}': max_batch_size > 0 needs a variable first (batch) dimension, but the model's shape is {:?} (first dimension {d})",
+                    "{kind} '{name}': max_batch_size > 0 is specified, but the model does not support batching: that \
+                     needs a variable first (batch) dimension, and the model's shape is {:?} (first dimension {d})",
                     io.shape
                 ));
             }
@@ -238,21 +243,29 @@ fn check_tensor(spec: &TensorSpec, io: &ModelIo, batch: bool, kind: &str) -> Res
         Some(reshape) => (reshape.as_slice(), "reshape"),
         None => (spec.dims.as_slice(), "dims"),
     };
+    // The shape the configuration gives the backend: the batch dimension
+    // first when max_batch_size > 0, then dims (or reshape).
+    let complete = || {
+        let batch_dim = if batch { "the batch dimension, as max_batch_size > 0, then " } else { "" };
+        let full: Vec<i64> = batch.then_some(-1).into_iter().chain(declared.iter().copied()).collect();
+        format!("{batch_dim}{field} {declared:?}: complete shape {full:?}")
+    };
     if model_dims.len() != declared.len() {
         return Err(format!(
-            "{kind} '{name}': {CONFIG_FILE} {field} {:?} have rank {}, but the model's shape {:?} has rank {}{}",
-            declared,
-            declared.len(),
+            "{kind} '{name}': the model expects {} dimensions (shape {:?}) but the configuration specifies {} ({})",
+            io.shape.len(),
             io.shape,
-            model_dims.len(),
-            if batch { " without its batch dimension" } else { "" }
+            declared.len() + usize::from(batch),
+            complete()
         ));
     }
     for (i, (&want, &have)) in declared.iter().zip(model_dims).enumerate() {
         if have >= 0 && want != have {
             return Err(format!(
-                "{kind} '{name}': dimension {i} is {want} in {CONFIG_FILE} but {have} in the model (config {field} {declared:?}, model shape {:?})",
-                io.shape
+                "{kind} '{name}': the model expects shape {:?} but the configuration specifies {}; dimension {i} is \
+                 {want} in {CONFIG_FILE} but {have} in the model",
+                io.shape,
+                complete()
             ));
         }
     }
@@ -349,24 +362,46 @@ mod tests {
         assert!(complete_and_check(&mut sig(&[3, 48, -1], 8), &model, &[]).is_ok());
 
         let err = complete_and_check(&mut sig(&[4, 48, -1], 8), &model, &[]).unwrap_err();
-        assert!(err.contains("input 'x'") && err.contains("4") && err.contains("3"), "{err}");
+        assert_eq!(
+            err,
+            "input 'x': the model expects shape [-1, 3, -1, -1] but the configuration specifies the batch dimension, \
+             as max_batch_size > 0, then dims [4, 48, -1]: complete shape [-1, 4, 48, -1]; dimension 0 is 4 in \
+             config.pbtxt but 3 in the model"
+        );
 
         let err = complete_and_check(&mut sig(&[3, 48], 8), &model, &[]).unwrap_err();
-        assert!(err.contains("rank 2") && err.contains("rank 3"), "{err}");
+        assert_eq!(
+            err,
+            "input 'x': the model expects 4 dimensions (shape [-1, 3, -1, -1]) but the configuration specifies 3 (the \
+             batch dimension, as max_batch_size > 0, then dims [3, 48]: complete shape [-1, 3, 48])"
+        );
+        let err = complete_and_check(&mut sig(&[3, 48], 0), &model, &[]).unwrap_err();
+        assert_eq!(
+            err,
+            "input 'x': the model expects 4 dimensions (shape [-1, 3, -1, -1]) but the configuration specifies 2 \
+             (dims [3, 48]: complete shape [3, 48])"
+        );
 
         let fixed_batch = [io("x", &[1, 3, 48, 48])];
         let err = complete_and_check(&mut sig(&[3, 48, 48], 8), &fixed_batch, &[]).unwrap_err();
-        assert!(err.contains("batch"), "{err}");
+        assert!(err.contains("max_batch_size > 0 is specified, but the model does not support batching"), "{err}");
 
         let mut wrong_type = sig(&[3, 48, -1], 8);
         wrong_type.inputs[0].datatype = DataType::Int64;
         let err = complete_and_check(&mut wrong_type, &model, &[]).unwrap_err();
-        assert!(err.contains("says data_type INT64, but the model's input is FP32"), "{err}");
+        assert!(err.contains("says data_type TYPE_INT64, but the model's input is TYPE_FP32"), "{err}");
 
         let mut renamed = sig(&[3, 48, -1], 8);
         renamed.inputs[0].name = "image".into();
         let err = complete_and_check(&mut renamed, &model, &[]).unwrap_err();
-        assert!(err.contains("'image'") && err.contains("\"x\""), "{err}");
+        assert_eq!(err, "unexpected input 'image' in config.pbtxt: the inputs the model allows are [\"x\"]");
+        let mut two = sig(&[3, 48, -1], 8);
+        two.inputs.push(TensorSpec::new("z", DataType::Fp32, &[1]));
+        let err = complete_and_check(&mut two, &model, &[]).unwrap_err();
+        assert!(
+            err.starts_with("the model provides 1 inputs ([\"x\"]), but the configuration expects 2 required"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -64,9 +64,12 @@ pub fn load(
     let mut device_bytes = BTreeMap::new();
     let backends = match framework {
         BackendKind::OnnxRuntime => {
+            let path = file("model.onnx");
+            if let Some(hint) = not_onnx(name, version_dir, config, &path) {
+                return Err(format!("model file {} does not exist; {hint}", path.display()));
+            }
             let onnx = rt.onnx.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {}", onnx::HINT))?;
             let options = session_options(config, placements.len())?;
-            let path = file("model.onnx");
             let load = |&p: &Placement| measured(rt, p, &mut device_bytes, || onnx.load(&path, options, p));
             placements.iter().map(load).collect::<Result<_, _>>().map(shared)?
         }
@@ -89,6 +92,37 @@ pub fn load(
         }
     };
     Ok(Instances { backends, device_bytes })
+}
+
+/// The files by which Triton picks the backend of a model whose
+/// configuration names none, other than ONNX Runtime's, and what each is.
+const OTHER_MODEL_FILES: [(&str, &str); 6] = [
+    ("model.pt", "a TorchScript model: Plinth serves it with platform \"pytorch_libtorch\" in config.pbtxt"),
+    ("model.plan", "a TensorRT engine, for Triton's 'tensorrt' backend, which Plinth does not ship"),
+    ("model.py", "a model of Triton's 'python' backend, which Plinth does not ship"),
+    ("model.xml", "a model of Triton's 'openvino' backend, which Plinth does not ship"),
+    ("model.savedmodel", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+    ("model.graphdef", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+];
+
+/// Why a model whose configuration names no platform or backend, and whose
+/// ONNX file `path` is missing, is no ONNX model: the file of another
+/// backend in its version folder, or a name `NAME.BACKEND` (Triton's way to
+/// name a custom backend). `None` when neither explains it.
+fn not_onnx(name: &str, version_dir: &Path, config: &ModelConfig, path: &Path) -> Option<String> {
+    if path.exists() || !config.platform.is_empty() || !config.backend.is_empty() {
+        return None;
+    }
+    let unnamed = "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model";
+    if let Some((file, what)) = OTHER_MODEL_FILES.iter().find(|(file, _)| version_dir.join(file).exists()) {
+        return Some(format!("{unnamed}, but the version folder holds {file}, {what}"));
+    }
+    let (_, backend) = name.rsplit_once('.')?;
+    Some(format!(
+        "{unnamed}; a model name of the form NAME.BACKEND does not pick backend '{backend}' here (Triton's custom \
+         backends): name it with backend: \"{backend}\" in config.pbtxt (Plinth serves {})",
+        config::served()
+    ))
 }
 
 fn shared<B: Backend + 'static>(backends: Vec<B>) -> Vec<Arc<dyn Backend>> {
@@ -230,22 +264,22 @@ fn placements(
             Kind::Auto => usable > 0,
             Kind::Cpu | Kind::Model => false,
         };
+        // A listed GPU that cannot serve is named first, whatever the reason.
+        let unusable = group.gpus.iter().find(|&&g| usize::try_from(g).map_or(true, |id| id >= usable));
         if !on_gpu {
             all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
+        } else if let Some(g) = unusable {
+            let why = gpus.as_ref().map_or_else(Clone::clone, |n| format!("{n} are usable (ids from 0)"));
+            return Err(format!(
+                "instance_group {name} asks for KIND_GPU, but gpu id {g} is invalid or unsupported: {why}"
+            ));
         } else if let Err(why) = gpus {
             return Err(format!("instance_group {name} asks for KIND_GPU, but {why}"));
         } else {
             let ids: Vec<usize> = if group.gpus.is_empty() {
                 (0..usable).collect()
             } else {
-                group
-                    .gpus
-                    .iter()
-                    .map(|&g| match usize::try_from(g) {
-                        Ok(id) if id < usable => Ok(id),
-                        _ => Err(format!("instance_group {name}: GPU {g} does not exist; {usable} are usable")),
-                    })
-                    .collect::<Result<_, _>>()?
+                group.gpus.iter().filter_map(|&g| usize::try_from(g).ok()).collect()
             };
             for id in ids {
                 all.extend(std::iter::repeat_n(Placement::Gpu(id), count.min(MAX_INSTANCES + 1)));
@@ -302,6 +336,24 @@ mod tests {
     }
 
     #[test]
+    fn a_model_without_platform_and_onnx_file_is_named_by_what_its_folder_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("model.onnx");
+        std::fs::write(dir.path().join("model.py"), "").unwrap();
+        assert_eq!(
+            not_onnx("m", dir.path(), &config(""), &missing).unwrap(),
+            "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model, but the version folder \
+             holds model.py, a model of Triton's 'python' backend, which Plinth does not ship"
+        );
+        assert_eq!(not_onnx("m", dir.path(), &config(r#"backend: "onnxruntime""#), &missing), None);
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(not_onnx("m", empty.path(), &config(""), &missing), None);
+        let custom = not_onnx("m.identity", empty.path(), &config(""), &missing).unwrap();
+        assert!(custom.contains("does not pick backend 'identity' here"), "{custom}");
+        assert!(custom.contains("backend: \"identity\""), "{custom}");
+    }
+
+    #[test]
     fn gpu_instances_go_where_the_framework_can_use_a_gpu() {
         let two = Ok(2);
         let none: Result<usize, String> = Err("libtorch sees no CUDA device".to_owned());
@@ -309,8 +361,17 @@ mod tests {
         assert_eq!(placements(&gpu, BackendKind::Pytorch, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
         assert_eq!(placements(&gpu, BackendKind::OnnxRuntime, &two).unwrap(), [Placement::Gpu(1), Placement::Gpu(1)]);
         let refused = placements(&gpu, BackendKind::OnnxRuntime, &none).unwrap_err();
-        assert!(refused.contains("instance_group g asks for KIND_GPU, but libtorch sees no CUDA device"), "{refused}");
-        assert!(placements(&gpu, BackendKind::Pytorch, &Ok(1)).unwrap_err().contains("GPU 1 does not exist"));
+        assert_eq!(
+            refused,
+            "instance_group g asks for KIND_GPU, but gpu id 1 is invalid or unsupported: libtorch sees no CUDA device"
+        );
+        let every_gpu = config(r#"instance_group [{ name: "g" kind: KIND_GPU }]"#);
+        let refused = placements(&every_gpu, BackendKind::OnnxRuntime, &none).unwrap_err();
+        assert_eq!(refused, "instance_group g asks for KIND_GPU, but libtorch sees no CUDA device");
+        assert_eq!(
+            placements(&gpu, BackendKind::Pytorch, &Ok(1)).unwrap_err(),
+            "instance_group g asks for KIND_GPU, but gpu id 1 is invalid or unsupported: 1 are usable (ids from 0)"
+        );
         let auto = config(r#"instance_group [{ count: 3 }]"#);
         assert_eq!(placements(&auto, BackendKind::Pytorch, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);
         assert_eq!(placements(&auto, BackendKind::OnnxRuntime, &Ok(1)).unwrap(), [Placement::Gpu(0); 3]);

@@ -21,16 +21,11 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::lifecycle::{ControlMode, Lifecycle, LoadLimits, RuntimeLoader};
-use crate::model::{ResponseCache, Runtimes};
-use crate::plugin::PluginLimits;
-use crate::registry::Registry;
+use crate::lifecycle::{ControlMode, Lifecycle, LoadingOptions};
 
 pub use error::ApiError;
 pub use http::router;
@@ -39,16 +34,12 @@ pub use service::Service;
 /// Everything `plinth serve` needs, from flags (see `cli`).
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// The model repository folders to serve.
-    pub model_repositories: Vec<PathBuf>,
-    /// How the loaded models change after start.
-    pub control_mode: ControlMode,
+    /// What loading the models needs: the part `plinth check` shares.
+    pub loading: LoadingOptions,
     /// Poll mode: time between two looks at the repositories.
     pub repository_poll: Duration,
     /// Explicit and on-demand mode: the models to load at start (`*`: all).
     pub load_models: Vec<String>,
-    /// Load concurrency, load timeout and the residency budget.
-    pub load_limits: LoadLimits,
     /// Port of `GET /metrics`; `None` serves no metrics.
     pub metrics_port: Option<u16>,
     /// Port of the gRPC services; `None` serves no gRPC.
@@ -68,24 +59,12 @@ pub struct ServeOptions {
     /// `--drain-delay-secs`: how long after SIGTERM/SIGINT the server, no
     /// longer ready, still takes new requests.
     pub drain_delay: Duration,
-    /// `--model-load-gpu-limit`: (GPU index, fraction of its memory) for
-    /// models, turned into the budget's bytes once NVML lists the GPUs.
-    pub gpu_load_limits: Vec<(u32, f64)>,
-    /// Path of `libonnxruntime.so` (`ORT_DYLIB_PATH`).
-    pub ort_dylib_path: Option<PathBuf>,
-    /// Memory, time and concurrency limits of plugin calls.
-    pub plugin_limits: PluginLimits,
-    /// Where compiled plugins are cached; `None` disables the cache.
-    pub plugin_cache_dir: Option<PathBuf>,
     /// `--http-restricted-api`: HTTP APIs that need a header.
     pub http_restrictions: restrictions::Restrictions,
     /// `--grpc-restricted-protocol`: gRPC APIs that need a header.
     pub grpc_restrictions: restrictions::Restrictions,
     /// `--allow-client-shm`: clients may register shared memory regions.
     pub allow_client_shm: bool,
-    /// `--cache-config local,size=BYTES`: the response cache's capacity;
-    /// `None`, no cache.
-    pub response_cache_bytes: Option<usize>,
     /// `--trace-config`: which requests are traced and where their spans go.
     pub trace: crate::trace::TraceConfig,
 }
@@ -131,61 +110,14 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     Ok(())
 }
 
-/// The runtimes, the lifecycle over them and the service core, nothing
-/// loaded yet.
+/// The runtimes, the lifecycle over them (as `plinth check` starts them)
+/// and the service core, nothing loaded yet.
 ///
 /// # Errors
-/// As [`serve`], before anything is bound.
+/// As [`Lifecycle::from_options`], before anything is bound.
 fn start_service(opts: &ServeOptions) -> Result<Service, String> {
-    for repo in &opts.model_repositories {
-        if !repo.is_dir() {
-            return Err(format!("model repository {} is not a folder", repo.display()));
-        }
-    }
-    let mut runtimes =
-        Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
-    runtimes.response_cache = opts.response_cache_bytes.map(|bytes| Arc::new(ResponseCache::new(bytes)));
-    if opts.control_mode == ControlMode::ModelMesh {
-        // ModelMesh would place ONNX models here and see every load fail.
-        if runtimes.onnx.is_none() {
-            return Err(format!("modelmesh mode serves ONNX models: {}", crate::backend::onnx::HINT));
-        }
-        let capacity = opts.load_limits.budget.bytes.unwrap_or(0);
-        tracing::info!(capacity_bytes = capacity, "modelmesh mode: ModelMesh loads and unloads models");
-    }
-    let metrics = runtimes.metrics.clone();
-    let mut limits = opts.load_limits.clone();
-    limits.budget.gpu = gpu_budget(&opts.gpu_load_limits, &runtimes.gpus)?;
-    let lifecycle = Lifecycle::new(
-        Arc::new(RuntimeLoader::new(runtimes)),
-        Arc::new(Registry::default()),
-        opts.model_repositories.clone(),
-        opts.control_mode,
-        limits,
-        metrics,
-    );
+    let lifecycle = Lifecycle::from_options(&opts.loading)?;
     Ok(Service::new(Arc::new(lifecycle), opts.strict_readiness, opts.http_max_body_bytes))
-}
-
-/// `--model-load-gpu-limit`'s fractions as bytes of each GPU's memory.
-///
-/// # Errors
-/// A message naming the flag for a GPU NVML does not list or whose memory
-/// it cannot read.
-fn gpu_budget(limits: &[(u32, f64)], gpus: &crate::gpu::Gpus) -> Result<BTreeMap<u32, u64>, String> {
-    limits
-        .iter()
-        .map(|&(index, fraction)| {
-            let device = gpus.devices().iter().find(|d| d.index == index).ok_or_else(|| {
-                let why = gpus.absence().map_or_else(|| format!("NVML lists {}", gpus.count()), str::to_owned);
-                format!("--model-load-gpu-limit names GPU {index}, which does not exist ({why})")
-            })?;
-            if device.memory_total == 0 {
-                return Err(format!("--model-load-gpu-limit names GPU {index}, whose memory NVML cannot read"));
-            }
-            Ok((index, (device.memory_total as f64 * fraction) as u64))
-        })
-        .collect()
 }
 
 /// The start-up loads, then (poll mode) a look at the repositories every
@@ -196,7 +128,7 @@ async fn start_and_poll(service: Arc<Service>, opts: ServeOptions) {
     }
     service.startup_done.store(true, Ordering::Release);
     tracing::info!("start-up loading finished");
-    if opts.control_mode == ControlMode::Poll {
+    if opts.loading.control_mode == ControlMode::Poll {
         let mut ticks = tokio::time::interval(opts.repository_poll);
         ticks.tick().await;
         loop {

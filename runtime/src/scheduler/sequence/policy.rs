@@ -64,6 +64,18 @@ pub enum Signal {
     CorrelationId,
 }
 
+impl Signal {
+    /// The control kind's name in `config.pbtxt`.
+    pub fn kind_name(self) -> &'static str {
+        match self {
+            Signal::Start => Kind::ControlSequenceStart.as_str_name(),
+            Signal::End => Kind::ControlSequenceEnd.as_str_name(),
+            Signal::Ready => Kind::ControlSequenceReady.as_str_name(),
+            Signal::CorrelationId => Kind::ControlSequenceCorrid.as_str_name(),
+        }
+    }
+}
+
 /// One control tensor the host adds to each execution: per row, shape `[1]`
 /// (`[rows, 1]` for a model that batches).
 #[derive(Clone, Debug, PartialEq)]
@@ -128,7 +140,7 @@ impl SequencePolicy {
     /// # Errors
     /// A message naming the field: a control without exactly one kind of
     /// false/true pair (or a CORRID control without `data_type`), a kind
-    /// given twice, a state without `input_name`, `output_name` or
+    /// given to two tensors, a tensor given two kinds, a state without `input_name`, `output_name` or
     /// `data_type`, an initial state file that is missing, outside
     /// `initial_state/` or of the wrong size, or a field Plinth does not act
     /// on (`iterative_sequence`, `oldest.preserve_ordering`,
@@ -138,22 +150,7 @@ impl SequencePolicy {
         refuse_unsupported(sb)?;
         let batch_dimension = config.max_batch_size > 0;
         let max_batch_size = usize::try_from(config.max_batch_size).unwrap_or(0).max(1);
-        let mut controls: Vec<ControlInput> = Vec::new();
-        for input in &sb.control_input {
-            if input.control.is_empty() {
-                return Err(format!("sequence_batching control_input '{}' has no 'control'", input.name));
-            }
-            for control in &input.control {
-                let control = control_input(&input.name, control)?;
-                if let Some(twice) = controls.iter().find(|c| c.signal == control.signal) {
-                    return Err(format!(
-                        "sequence_batching: control kind {:?} is given twice (inputs '{}' and '{}')",
-                        control.signal, twice.name, control.name
-                    ));
-                }
-                controls.push(control);
-            }
-        }
+        let controls = controls(sb)?;
         let mut states: Vec<StateSpec> = sb.state.iter().map(|s| state_spec(s, model_dir)).collect::<Result<_, _>>()?;
         if batch_dimension {
             for state in &mut states {
@@ -172,6 +169,20 @@ impl SequencePolicy {
             max_batch_size,
             layout: BatchLayout::from_config(config)?,
         }))
+    }
+
+    /// Checks what of `config`'s `sequence_batching` needs no file: its
+    /// control inputs and the fields Plinth does not act on, with the rules
+    /// [`SequencePolicy::from_config`] applies at load. Runs with the
+    /// configuration's validation, before any version is looked at, as
+    /// Triton checks them.
+    ///
+    /// # Errors
+    /// As [`SequencePolicy::from_config`], but for the state.
+    pub fn check_config(config: &ModelConfig) -> Result<(), String> {
+        let Some(SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else { return Ok(()) };
+        refuse_unsupported(sb)?;
+        controls(sb).map(drop)
     }
 
     /// The model inputs the host provides (controls and states), which a
@@ -242,6 +253,40 @@ fn strategy(sb: &ModelSequenceBatching, max_batch_size: usize) -> Strategy {
     }
 }
 
+/// The control inputs of `sb`: each control kind given to one tensor at
+/// most, each tensor carrying one kind.
+fn controls(sb: &ModelSequenceBatching) -> Result<Vec<ControlInput>, String> {
+    let mut controls: Vec<ControlInput> = Vec::new();
+    for input in &sb.control_input {
+        if input.control.is_empty() {
+            return Err(format!("sequence_batching control_input '{}' has no 'control'", input.name));
+        }
+        for control in &input.control {
+            let control = control_input(&input.name, control)?;
+            if let Some(twice) = controls.iter().find(|c| c.signal == control.signal) {
+                return Err(format!(
+                    "sequence_batching gives control kind {} to multiple tensors, '{}' and '{}'; each kind has one \
+                     tensor",
+                    control.signal.kind_name(),
+                    twice.name,
+                    control.name
+                ));
+            }
+            if let Some(other) = controls.iter().find(|c| c.name == control.name) {
+                return Err(format!(
+                    "sequence_batching: tensor '{}' carries multiple control kinds, {} and {}; a control tensor \
+                     carries one kind",
+                    control.name,
+                    other.signal.kind_name(),
+                    control.signal.kind_name()
+                ));
+            }
+            controls.push(control);
+        }
+    }
+    Ok(controls)
+}
+
 fn control_input(name: &str, control: &Control) -> Result<ControlInput, String> {
     let what = format!("sequence_batching control_input '{name}'");
     let kind = Kind::try_from(control.kind).map_err(|_| format!("{what}: unknown control kind {}", control.kind))?;
@@ -275,7 +320,9 @@ fn control_input(name: &str, control: &Control) -> Result<ControlInput, String> 
         ["bool_false_true"] => (DataType::Bool, control.bool_false_true.iter().map(|&v| vec![u8::from(v)]).collect()),
         _ => {
             return Err(format!(
-                "{what}: {signal:?} needs exactly one of int32_false_true, fp32_false_true or bool_false_true, got {given:?}"
+                "{what}: {} must specify exactly one of 'int32_false_true', 'fp32_false_true' or \
+                 'bool_false_true', got {given:?}",
+                signal.kind_name()
             ));
         }
     };

@@ -268,3 +268,39 @@ fn a_string_id_or_a_wide_id_is_refused_by_an_integer_corrid_control() {
     assert!(e.contains("takes 32-bit correlation IDs"), "{e}");
     assert!(shared.check_request(&input, &request(CorrelationId::new_host())).is_ok(), "host ids fit any control");
 }
+
+#[test]
+fn control_inputs_are_checked_with_the_configuration_naming_the_kind_and_tensors() {
+    let control = |name: &str, kind: &str, values: &str| {
+        format!(r#"{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} {values} }} ] }}"#)
+    };
+    let pair = "int32_false_true: [ 0, 1 ]";
+    let refusal = |inputs: &[String]| {
+        let text = format!("max_batch_size: 8 sequence_batching {{ control_input [ {} ] }}", inputs.join(", "));
+        let config = crate::config::parse(&text).unwrap();
+        let checked = SequencePolicy::check_config(&config).unwrap_err();
+        let loaded = SequencePolicy::from_config(&config, Path::new("/nonexistent")).unwrap_err();
+        assert_eq!(checked, loaded, "the check and the load apply one rule");
+        checked
+    };
+    let e = refusal(&[control("START", "START", pair), control("END0", "END", pair), control("END1", "END", pair)]);
+    assert_eq!(
+        e,
+        "sequence_batching gives control kind CONTROL_SEQUENCE_END to multiple tensors, 'END0' and 'END1'; each kind \
+         has one tensor"
+    );
+    let e = refusal(&[control("START", "START", pair), control("START", "READY", pair)]);
+    assert_eq!(
+        e,
+        "sequence_batching: tensor 'START' carries multiple control kinds, CONTROL_SEQUENCE_START and \
+         CONTROL_SEQUENCE_READY; a control tensor carries one kind"
+    );
+    let e = refusal(&[control("START", "START", pair), control("READY", "READY", "")]);
+    assert_eq!(
+        e,
+        "sequence_batching control_input 'READY': CONTROL_SEQUENCE_READY must specify exactly one of \
+         'int32_false_true', 'fp32_false_true' or 'bool_false_true', got []"
+    );
+    let ok = format!("max_batch_size: 8 sequence_batching {{ {CONTROLS} }}");
+    assert_eq!(SequencePolicy::check_config(&crate::config::parse(&ok).unwrap()), Ok(()));
+}
