@@ -60,8 +60,10 @@ impl InUse {
 
 /// A value whose drop is slow (it joins threads, frees native memory):
 /// dropped on one of tokio's blocking threads, wherever its owner lets it
-/// go, so no async thread stalls on it; [`FreedOffThread::freed`] tells
-/// when it is gone. Outside a tokio runtime it is dropped in place.
+/// go, so no async thread stalls on it, and the heap memory it freed then
+/// handed back to the operating system ([`release_freed_memory`]);
+/// [`FreedOffThread::freed`] tells when that is done. Outside a tokio
+/// runtime it is dropped in place.
 #[derive(Debug)]
 pub struct FreedOffThread<T: Send + 'static> {
     value: Option<(T, Hold)>,
@@ -94,13 +96,27 @@ impl<T: Send + 'static> Deref for FreedOffThread<T> {
 impl<T: Send + 'static> Drop for FreedOffThread<T> {
     fn drop(&mut self) {
         let Some(value) = self.value.take() else { return };
-        // The tuple drops the value, then its hold: `freed` counts none
-        // once the value is gone.
+        // The value goes, its memory is handed back, and only then does
+        // its hold: `freed` counts none once all of that is done.
+        let free = move || {
+            let (value, held) = value;
+            drop(value);
+            release_freed_memory();
+            drop(held);
+        };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(value))),
-            Err(_) => drop(value),
+            Ok(runtime) => drop(runtime.spawn_blocking(free)),
+            Err(_) => free(),
         }
     }
+}
+
+/// Hands memory that freed allocations left in the C heap back to the
+/// operating system, so an unload or an eviction lowers the process's
+/// resident size.
+pub fn release_freed_memory() {
+    // SAFETY: malloc_trim only walks glibc's own free lists.
+    unsafe { libc::malloc_trim(0) };
 }
 
 #[cfg(test)]

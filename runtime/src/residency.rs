@@ -397,13 +397,6 @@ pub fn memory_limit() -> u64 {
     cgroup.map_or(total, |limit| limit.min(total))
 }
 
-/// Hands memory that freed allocations left in the C heap back to the
-/// operating system, so an eviction lowers the process's resident size.
-pub fn release_freed_memory() {
-    // SAFETY: malloc_trim only walks glibc's own free lists.
-    unsafe { libc::malloc_trim(0) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

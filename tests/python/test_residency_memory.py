@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from conftest import ROOT, Plinth
+from conftest import ROOT, Plinth, wait_until
 
 MIB = 1 << 20
 SIZE = 4096  # weights: SIZE x SIZE FP32 = 64 MiB
@@ -109,8 +109,9 @@ def test_eviction_gives_the_memory_back(repo):
         assert classify(server)[0] == 200
         now = resident(server)
         assert list(now) == ["small"], "big was evicted for small"
-        dropped = before - rss(server) + now["small"]
-        assert dropped >= footprint / 2, \
-            f"evicting {footprint // MIB} MiB lowered resident memory by only {(before - rss(server)) // MIB} MiB"
+        # The evicted model is freed off the request path, on a blocking
+        # thread: its memory leaves shortly after.
+        wait_until(f"evicting {footprint // MIB} MiB to lower resident memory by half of it",
+                   lambda: before - rss(server) + now["small"] >= footprint / 2)
     finally:
         server.stop()

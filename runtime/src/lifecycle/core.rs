@@ -475,7 +475,6 @@ impl Core {
                 ));
             }
         }
-        residency::release_freed_memory();
         Ok(())
     }
 
@@ -598,10 +597,10 @@ impl Core {
     /// Takes every version of `name` out of service with `reason` and gives
     /// its memory back once no request uses it.
     pub(super) fn take_out(&self, name: &str, reason: &str) {
-        let models = self.registry.unload(name, reason);
+        // Each version's instances are freed, and their memory handed back,
+        // once its last request lets it go (`drain::FreedOffThread`).
+        drop(self.registry.unload(name, reason));
         self.forget_residency(name);
-        drop(models);
-        residency::release_freed_memory();
     }
 
     /// Records that `name` left memory: the residency and its footprint series.

@@ -6,10 +6,10 @@
 use std::time::Instant;
 
 use crate::config::{self, ModelConfig, PLUGIN_PARAMETER};
+use crate::drain;
 use crate::error::LoadError;
 use crate::model::{Model, Runtimes};
 use crate::repository::{Fingerprint, ModelDir};
-use crate::residency;
 
 /// Loads model versions.
 pub trait Loader: Send + Sync {
@@ -69,11 +69,11 @@ impl Loader for RuntimeLoader {
         let model = loaded.map_err(LoadError::Failed).inspect_err(|_| {
             tracing::info!(model = %dir.name, version, ms = ms(), "load: failed");
             // What the failed load allocated goes back to the system.
-            residency::release_freed_memory();
+            drain::release_freed_memory();
         })?;
         // What the load allocated and freed (model files parsed, trial
         // runs) goes back to the system.
-        residency::release_freed_memory();
+        drain::release_freed_memory();
         let weights = Fingerprint::of(&dir.version_path(version), true).bytes();
         tracing::info!(model = %dir.name, version, ms = ms(), weights, "load: ready");
         self.runtimes.metrics.load_duration(&dir.name, version, started.elapsed().as_secs_f64());
