@@ -31,6 +31,7 @@ STEPS=(
     "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc (apt, as root)"
     "perf-analyzer|test|260 MB on disk|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
     "kserve|test|630 MB on disk|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
+    "azurite|test|186 MB on disk|Azurite, Azure Blob Storage's emulator, in .cache/azurite (npm), a real object store for the tests"
     "rust-tools|test|10 MB|rustfmt and clippy, the format and lint checks of make test (rustup components)"
     "plugins|serve|crates|each set-up model's plugin (.wasm) in model_repository/, built for wasm32-wasip2"
     "server|serve|crates|target/release/plinth (with the libtorch feature once .cache/libtorch exists)"
@@ -247,6 +248,15 @@ step_perf_analyzer() {
 step_kserve() {
     # kubernetes-validate checks the manifests in deploy/ with the KServe SDK's models.
     venv_with .cache/bench/kserve kserve==0.21.0 onnxruntime==1.31.1 kubernetes-validate==1.37.0
+}
+
+step_azurite() {
+    # 3.35.0 is the newest Azurite that runs on Node.js 20 (3.36 needs 21).
+    if [[ -x .cache/azurite/node_modules/.bin/azurite-blob ]]; then
+        echo "   installed"
+        return
+    fi
+    npm install --no-audit --no-fund --prefix .cache/azurite azurite@3.35.0
 }
 
 step_plugins() {

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
+use crate::repository::Location;
 use crate::residency::Budget;
 use crate::server::ServeOptions;
 pub use crate::server::logging::LogFormat;
@@ -95,9 +96,19 @@ impl CheckArgs {
 /// and `plinth check`.
 #[derive(Debug, Args)]
 pub struct LoadArgs {
-    /// A model repository folder (repeat for several; none in modelmesh mode).
-    #[arg(long = "model-repository", value_name = "PATH")]
-    pub model_repositories: Vec<PathBuf>,
+    /// A model repository: a folder, or a path in object storage as
+    /// s3://bucket/path, s3://host:port/bucket/path, gs://bucket/path or
+    /// as://account/container/path (repeat for several; none in modelmesh mode).
+    #[arg(long = "model-repository", value_name = "PATH|URL")]
+    pub model_repositories: Vec<Location>,
+
+    /// Where repositories in object storage are copied to be loaded (one
+    /// folder each, kept across restarts so unchanged files are not fetched
+    /// again). Default: the folder TRITON_AWS_MOUNT_DIRECTORY,
+    /// TRITON_GCS_MOUNT_DIRECTORY or TRITON_AZURE_MOUNT_DIRECTORY names for
+    /// the repository's provider, else a temporary folder removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub repository_cache_dir: Option<PathBuf>,
 
     /// The ONNX Runtime 1.31 shared library (libonnxruntime.so).
     #[arg(long, env = "ORT_DYLIB_PATH", value_name = "PATH")]
@@ -296,6 +307,7 @@ impl LoadArgs {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Ok(LoadingOptions {
             model_repositories: self.model_repositories.clone(),
+            repository_cache_dir: self.repository_cache_dir.clone(),
             control_mode: mode,
             load_limits: LoadLimits { concurrency: self.model_load_concurrency.unwrap_or(cores), timeout, budget },
             gpu_load_limits: self.model_load_gpu_limits.clone(),

@@ -92,13 +92,16 @@ class Plinth:
     HTTP, gRPC and metrics addresses (host:port). Its compiled plugins are
     cached in a temporary folder of its own."""
 
-    def __init__(self, repository, *extra):
-        """Serves `repository` (None: no --model-repository, for modelmesh mode)."""
+    def __init__(self, repository, *extra, env=None, started=True):
+        """Serves `repository` (None: no --model-repository, for modelmesh
+        mode; a string such as s3://... is passed as it is), with `env` added
+        to the environment; returns once the start-up loads are done, or
+        with `started=False` once it listens."""
         binary = pathlib.Path(os.environ.get("PLINTH_BIN", ROOT / "target/release/plinth"))
         assert binary.is_file(), f"{binary} is missing: run `make setup` first"
-        self.repository = repository and pathlib.Path(repository)
+        self.repository = repository and (repository if "://" in str(repository) else pathlib.Path(repository))
         repository_flags = ["--model-repository", str(repository)] if repository else []
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
         self.plugin_cache = tempfile.TemporaryDirectory(prefix="plinth-plugins-")
         self.proc = subprocess.Popen(
@@ -113,7 +116,8 @@ class Plinth:
         self.grpc_url = f"127.0.0.1:{grpc.rsplit(':', 1)[1]}"
         address = self.wait_for_log(r'HTTP server listening on ([^\s"]+)')
         self.url = f"127.0.0.1:{address.rsplit(':', 1)[1]}"
-        self.wait_for_log(r"start-up loading finished")
+        if started:
+            self.wait_for_log(r"start-up loading finished")
 
     def wait_for_log(self, pattern):
         """Waits for a log line matching `pattern`; returns its first group

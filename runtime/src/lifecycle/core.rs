@@ -4,7 +4,6 @@
 //! keeping the residency accounting and metrics in step with the registry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::LoadLimits;
@@ -18,7 +17,7 @@ use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
-use crate::repository::{self, Fingerprint, ModelDir, ModelFiles};
+use crate::repository::{self, Fingerprint, ModelDir, ModelFiles, Repositories};
 use crate::residency::{self, Footprint, Residency};
 use crate::scheduler::sequence::policy::SequencePolicy;
 
@@ -110,7 +109,7 @@ pub(super) struct LoadOptions<'a> {
 pub(super) struct Core {
     pub(super) registry: Arc<Registry>,
     loader: Arc<dyn Loader>,
-    repositories: Vec<PathBuf>,
+    repositories: Repositories,
     records: Mutex<HashMap<String, Arc<tokio::sync::Mutex<ModelRecord>>>>,
     pub(super) residency: Residency,
     load_permits: tokio::sync::Semaphore,
@@ -122,7 +121,7 @@ impl Core {
     pub(super) fn new(
         loader: Arc<dyn Loader>,
         registry: Arc<Registry>,
-        repositories: Vec<PathBuf>,
+        repositories: Repositories,
         residency: Residency,
         limits: LoadLimits,
         metrics: Arc<Metrics>,
@@ -140,23 +139,29 @@ impl Core {
         }
     }
 
-    /// The model folders of every repository.
+    /// The model folders of every repository and what each holds now.
     ///
     /// # Errors
-    /// A message when a repository cannot be read.
-    pub(super) fn scan(&self) -> Result<Vec<ModelDir>, String> {
-        repository::scan(&self.repositories)
+    /// A message when a repository cannot be read (a store that cannot be
+    /// listed shows what its mirror last synced, if anything).
+    pub(super) async fn scan(&self) -> Result<Vec<(ModelDir, ModelFiles)>, String> {
+        self.repositories.scan().await
     }
 
     /// The folder of model `name` in the repositories, if there is one.
-    pub(super) fn find(&self, name: &str) -> Option<ModelDir> {
-        if !repository::is_model_name(name) {
-            return None;
-        }
-        self.repositories
-            .iter()
-            .map(|r| ModelDir { name: name.to_owned(), path: r.join(name) })
-            .find(|d| d.path.is_dir())
+    pub(super) async fn find(&self, name: &str) -> Option<ModelDir> {
+        self.repositories.find(name).await
+    }
+
+    /// Whether a repository is in object storage.
+    pub(super) fn reads_object_storage(&self) -> bool {
+        self.repositories.any_remote()
+    }
+
+    /// What model folder `dir` holds as far as loading goes, without
+    /// fetching it.
+    pub(super) fn observe(&self, dir: &ModelDir) -> ModelFiles {
+        self.repositories.observe(dir)
     }
 
     /// The record of model `name`, created empty the first time.
@@ -207,7 +212,7 @@ impl Core {
         // must not make the server unready.
         let dir = match &staged {
             Some((dir, _)) => dir.clone(),
-            None => self.find(name).ok_or_else(|| {
+            None => self.find(name).await.ok_or_else(|| {
                 let reason = if repository::is_model_name(name) {
                     format!("no model folder '{name}' in the model repositories")
                 } else {
@@ -247,7 +252,7 @@ impl Core {
             if self.registry.has_ready(model) {
                 continue;
             }
-            if self.find(model).is_none() {
+            if self.find(model).await.is_none() {
                 return Err(LoadError::Failed(format!(
                     "ensemble {name} contains models that are not available or ambiguous: {model} (not in the \
                      model repositories)"
@@ -274,7 +279,15 @@ impl Core {
         record: &mut ModelRecord,
     ) -> Result<(), LoadError> {
         self.registry.begin_load(&dir.name, options.wanted);
-        let files = ModelFiles::observe(dir);
+        // A remote model folder is brought to its mirror first, whole.
+        let files = match self.repositories.fetch(dir).await {
+            Ok(files) => files,
+            Err(reason) => {
+                let e = self.cannot_load(&dir.name, LoadError::Failed(reason));
+                record.failure = Some(e.clone());
+                return Err(e);
+            }
+        };
         let result = self.load_versions(dir, &files, config_json.as_deref(), options, record).await;
         record.attempted = Some((files, config_json));
         record.failure = result.as_ref().err().cloned();
@@ -534,7 +547,7 @@ impl Core {
     pub(super) async fn unload(&self, name: &str) -> Result<(), Error> {
         let record = self.record(name);
         let mut record = record.lock().await;
-        if self.find(name).is_none() && self.registry.resolve(name, None).is_err() {
+        if self.find(name).await.is_none() && self.registry.resolve(name, None).is_err() {
             return Err(Error::NotFound(format!("unknown model '{name}'")));
         }
         self.take_out(name, "unloaded");

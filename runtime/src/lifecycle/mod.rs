@@ -41,7 +41,6 @@ pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 pub use request::{FILE_PREFIX, LoadRequest};
 pub use runtimes::LoadingOptions;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use self::core::Core;
@@ -49,6 +48,7 @@ use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::registry::Registry;
+use crate::repository::Repositories;
 use crate::residency::{Admission, Budget, Residency};
 
 /// How the set of loaded models changes after start (Triton's
@@ -119,7 +119,7 @@ impl Lifecycle {
     pub fn new(
         loader: Arc<dyn Loader>,
         registry: Arc<Registry>,
-        repositories: Vec<PathBuf>,
+        repositories: Repositories,
         mode: ControlMode,
         limits: LoadLimits,
         metrics: Arc<Metrics>,
@@ -141,6 +141,12 @@ impl Lifecycle {
             ControlMode::ModelMesh => Mode::ModelMesh(modelmesh::ModelMesh::default()),
         };
         Lifecycle { core, mode }
+    }
+
+    /// Whether a repository is in object storage: a start-up that cannot
+    /// list it may succeed later.
+    pub fn reads_object_storage(&self) -> bool {
+        self.core.reads_object_storage()
     }
 
     /// The control mode.

@@ -10,7 +10,7 @@ use super::core::{Core, LoadOptions, ModelRecord};
 use super::startup;
 use crate::error::Error;
 use crate::model::Model;
-use crate::repository::{ModelDir, ModelFiles};
+use crate::repository::ModelDir;
 
 /// How often a request retries when its freshly loaded model is evicted by
 /// another load before it could be used.
@@ -42,7 +42,7 @@ pub(super) async fn resolve(core: &Arc<Core>, name: &str, version: Option<u64>) 
         core.metrics.residency.hits.inc();
         return Ok(model);
     }
-    let Some(dir) = core.find(name) else { return core.registry.resolve(name, version) };
+    let Some(dir) = core.find(name).await else { return core.registry.resolve(name, version) };
     core.metrics.residency.misses.inc();
     let owned = core.clone();
     // The load runs as its own task, so a request that gives up waiting
@@ -72,7 +72,7 @@ async fn ensure_resident(core: &Core, dir: &ModelDir, version: Option<u64>) -> R
         if core.registry.has_ready(name) {
             return core.registry.resolve(name, version);
         }
-        if let Some(reason) = known_failure(dir, &record) {
+        if let Some(reason) = known_failure(core, dir, &record) {
             return Err(cannot(reason));
         }
         let options = LoadOptions { wanted: core.residency.is_pinned(name), rename: false, chain: &[] };
@@ -91,9 +91,9 @@ async fn ensure_resident(core: &Core, dir: &ModelDir, version: Option<u64>) -> R
 /// A refusal for room is not remembered: it depends on what else is
 /// resident and on the budget, not on the files, so the next request tries
 /// again.
-fn known_failure<'a>(dir: &ModelDir, record: &'a ModelRecord) -> Option<&'a crate::error::LoadError> {
+fn known_failure<'a>(core: &Core, dir: &ModelDir, record: &'a ModelRecord) -> Option<&'a crate::error::LoadError> {
     let (tried, config_json) = record.attempted.as_ref()?;
-    let unchanged = config_json.is_none() && *tried == ModelFiles::observe(dir);
+    let unchanged = config_json.is_none() && *tried == core.observe(dir);
     match &record.failure {
         Some(crate::error::LoadError::NoRoom(_)) => None,
         failure if unchanged => failure.as_ref(),

@@ -27,7 +27,7 @@ impl Poll {
         let dirs = startup::load_all(core).await?;
         let mut observed = self.observed.lock().expect("observed lock");
         for dir in &dirs {
-            observed.insert(dir.name.clone(), ModelFiles::observe(dir));
+            observed.insert(dir.name.clone(), core.observe(dir));
         }
         Ok(())
     }
@@ -36,7 +36,7 @@ impl Poll {
     /// since the previous look and differ from what was last tried, and
     /// unloads models whose folder is gone.
     pub(super) async fn poll(&self, core: &Core) {
-        let dirs = match core.scan() {
+        let dirs = match core.scan().await {
             Ok(dirs) => dirs,
             Err(e) => return tracing::error!("poll: {e}"),
         };
@@ -44,8 +44,7 @@ impl Poll {
         let gone: Vec<String> = {
             let mut observed = self.observed.lock().expect("observed lock");
             let mut now = HashMap::new();
-            for dir in dirs {
-                let files = ModelFiles::observe(&dir);
+            for (dir, files) in dirs {
                 if observed.get(&dir.name) == Some(&files) {
                     stable.push((dir.name.clone(), files.clone()));
                 }

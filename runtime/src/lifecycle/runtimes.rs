@@ -10,13 +10,16 @@ use super::{ControlMode, Lifecycle, LoadLimits, RuntimeLoader};
 use crate::model::{ResponseCache, Runtimes};
 use crate::plugin::PluginLimits;
 use crate::registry::Registry;
+use crate::repository::{Location, Repositories};
 
 /// What loading the models needs (the flags `plinth serve` and `plinth
 /// check` share).
 #[derive(Clone, Debug)]
 pub struct LoadingOptions {
-    /// The model repository folders.
-    pub model_repositories: Vec<PathBuf>,
+    /// The model repositories: folders, or paths in object storage.
+    pub model_repositories: Vec<Location>,
+    /// `--repository-cache-dir`: where remote repositories are mirrored.
+    pub repository_cache_dir: Option<PathBuf>,
     /// How the loaded models change after start.
     pub control_mode: ControlMode,
     /// Load concurrency, load timeout and the residency budget.
@@ -40,15 +43,11 @@ impl Lifecycle {
     /// response cache) and a lifecycle over them, nothing loaded yet.
     ///
     /// # Errors
-    /// A message when a repository is not a folder, ONNX Runtime or
-    /// wasmtime cannot start, modelmesh mode has no ONNX Runtime, or a
+    /// A message when a local repository is not a folder, a remote one's
+    /// store or mirror cannot be set up, ONNX Runtime or wasmtime cannot
+    /// start, modelmesh mode has no ONNX Runtime, or a
     /// `--model-load-gpu-limit` names a GPU that cannot be measured.
     pub fn from_options(opts: &LoadingOptions) -> Result<Lifecycle, String> {
-        for repo in &opts.model_repositories {
-            if !repo.is_dir() {
-                return Err(format!("model repository {} is not a folder", repo.display()));
-            }
-        }
         let mut runtimes =
             Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
         runtimes.response_cache = opts.response_cache_bytes.map(|bytes| Arc::new(ResponseCache::new(bytes)));
@@ -61,12 +60,14 @@ impl Lifecycle {
             tracing::info!(capacity_bytes = capacity, "modelmesh mode: ModelMesh loads and unloads models");
         }
         let metrics = runtimes.metrics.clone();
+        let repositories =
+            Repositories::open(&opts.model_repositories, opts.repository_cache_dir.as_deref(), &metrics.repository)?;
         let mut limits = opts.load_limits.clone();
         limits.budget.gpu = gpu_budget(&opts.gpu_load_limits, &runtimes.gpus)?;
         Ok(Lifecycle::new(
             Arc::new(RuntimeLoader::new(runtimes)),
             Arc::new(Registry::default()),
-            opts.model_repositories.clone(),
+            repositories,
             opts.control_mode,
             limits,
             metrics,

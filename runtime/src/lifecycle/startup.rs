@@ -15,7 +15,7 @@ use crate::repository::ModelDir;
 /// # Errors
 /// A message when a repository cannot be read.
 pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, String> {
-    let dirs = core.scan()?;
+    let dirs: Vec<ModelDir> = core.scan().await?.into_iter().map(|(dir, _)| dir).collect();
     // Errors are in the log and the index already.
     join_all(dirs.iter().map(|dir| core.load(&dir.name, LoadRequest::default()))).await;
     Ok(dirs)
@@ -33,7 +33,7 @@ pub(super) async fn start(
     not_loaded: &str,
     before_loading: impl FnOnce(&[String]),
 ) -> Result<(), String> {
-    let dirs = core.scan()?;
+    let dirs: Vec<ModelDir> = core.scan().await?.into_iter().map(|(dir, _)| dir).collect();
     let wanted: Vec<String> = if load_models.iter().any(|m| m == "*") {
         dirs.iter().map(|d| d.name.clone()).collect()
     } else {

@@ -18,7 +18,7 @@ use crate::error::LoadError;
 use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model, ModelParts, Scheduling};
 use crate::registry::Registry;
-use crate::repository::ModelDir;
+use crate::repository::{ModelDir, Repositories};
 use crate::residency::Budget;
 use crate::scheduler::policy::Policy;
 use crate::tensor::{DataType, TensorSpec};
@@ -173,7 +173,7 @@ pub fn lifecycle(
     let metrics = Arc::new(Metrics::new());
     let loader = Arc::new(FakeLoader::new(metrics.clone(), gate));
     let limits = LoadLimits { concurrency: 2, timeout: std::time::Duration::from_secs(60), budget };
-    let repositories = repository.map(Path::to_path_buf).into_iter().collect();
+    let repositories = Repositories::from(repository.map(Path::to_path_buf).into_iter().collect::<Vec<_>>());
     let lifecycle = Lifecycle::new(loader.clone(), Arc::new(Registry::default()), repositories, mode, limits, metrics);
     (Arc::new(lifecycle), loader)
 }

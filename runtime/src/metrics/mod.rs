@@ -6,7 +6,8 @@
 //!
 //! Every family is registered here, in one group per concern, and every
 //! value is recorded through the handles this module gives out
-//! ([`ModelMetrics`], [`PluginMetrics`], [`ResidencyMetrics`]).
+//! ([`ModelMetrics`], [`PluginMetrics`], [`ResidencyMetrics`],
+//! [`RepositoryMetrics`]).
 //!
 //! A model version's series live as long as a handle of that version does:
 //! once the last [`ModelMetrics`] or [`PluginMetrics`] of a version is
@@ -19,6 +20,7 @@
 mod gpu;
 mod model;
 mod plugin;
+mod repository;
 mod residency;
 mod system;
 
@@ -32,6 +34,7 @@ pub use model::{
     BatchStats, Compute, FailureReason, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics, SequenceEnd, Total,
 };
 pub use plugin::{PluginMetrics, PluginStage};
+pub use repository::RepositoryMetrics;
 pub use residency::ResidencyMetrics;
 
 /// The labels of Triton's per-model families.
@@ -43,6 +46,8 @@ pub struct Metrics {
     /// Residency and load counts (`plinth_residency_*`, `plinth_model_*`,
     /// `plinth_memory_*`).
     pub residency: ResidencyMetrics,
+    /// Fetches from object storage (`plinth_repository_*`).
+    pub repository: Arc<RepositoryMetrics>,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -131,6 +136,7 @@ impl Metrics {
         };
         Metrics {
             residency: ResidencyMetrics::register(&registry),
+            repository: Arc::new(RepositoryMetrics::register(&registry)),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),

@@ -120,11 +120,26 @@ fn start_service(opts: &ServeOptions) -> Result<Service, String> {
     Ok(Service::new(Arc::new(lifecycle), opts.strict_readiness, opts.http_max_body_bytes))
 }
 
+/// The first wait before a start-up that could not list a repository in
+/// object storage is tried again; it doubles up to [`START_RETRY_LAST`].
+const START_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two start-up tries.
+const START_RETRY_LAST: Duration = Duration::from_secs(60);
+
 /// The start-up loads, then (poll mode) a look at the repositories every
 /// poll interval.
 async fn start_and_poll(service: Arc<Service>, opts: ServeOptions) {
-    if let Err(e) = service.lifecycle.start(&opts.load_models).await {
-        tracing::error!("{e}");
+    let mut delay = START_RETRY_FIRST;
+    while let Err(e) = service.lifecycle.start(&opts.load_models).await {
+        // A store that cannot be listed (down, refusing the credentials)
+        // may come back: the server stays unready and tries again.
+        if !service.lifecycle.reads_object_storage() {
+            tracing::error!("{e}");
+            break;
+        }
+        tracing::error!("{e}; trying again in {} s", delay.as_secs());
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(START_RETRY_LAST);
     }
     service.startup_done.store(true, Ordering::Release);
     tracing::info!("start-up loading finished");

@@ -1,5 +1,16 @@
-//! The model repository on disk: one folder per model holding
-//! `config.pbtxt` and numeric version folders (Triton's layout).
+//! Model repositories: one folder per model holding `config.pbtxt` and
+//! numeric version folders (Triton's layout), on this machine or in object
+//! storage ([`remote`], mirrored into a local folder that is then read as
+//! a local repository). [`location`] reads where a repository is.
+
+pub mod location;
+pub mod remote;
+mod sources;
+mod stores;
+
+pub use location::{Location, RemoteLocation, Store};
+pub use remote::{Listing, RemoteError, RemoteRepository};
+pub use sources::{Repositories, Repository};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,34 +42,25 @@ pub fn is_model_name(name: &str) -> bool {
     !name.contains(['/', '\\']) && matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(_)), None))
 }
 
-/// Lists the model folders of every repository, by name.
+/// The model folders of one repository folder, by name.
 ///
 /// # Errors
-/// A message when a repository cannot be read, or when two repositories
-/// hold a model of the same name.
-pub fn scan(repositories: &[PathBuf]) -> Result<Vec<ModelDir>, String> {
-    let mut models = BTreeMap::new();
-    for repo in repositories {
-        let entries =
-            std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
-                continue;
-            };
-            if !path.is_dir() || name.starts_with('.') {
-                continue;
-            }
-            if let Some(previous) = models.insert(name.clone(), ModelDir { name: name.clone(), path: path.clone() }) {
-                return Err(format!(
-                    "model '{name}' is in two repositories: {} and {}",
-                    previous.path.display(),
-                    path.display()
-                ));
-            }
+/// A message when the folder cannot be read.
+pub fn scan_folder(repo: &Path) -> Result<Vec<ModelDir>, String> {
+    let entries =
+        std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
+    let mut models = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        if path.is_dir() && !name.starts_with('.') {
+            models.push(ModelDir { name, path });
         }
     }
-    Ok(models.into_values().collect())
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(models)
 }
 
 /// The version numbers present in a model folder, ascending.
@@ -123,10 +125,24 @@ fn latest(available: &[u64], n: usize) -> Vec<u64> {
     available[available.len().saturating_sub(n)..].to_vec()
 }
 
-/// The path, size and modification time of every file under a folder: a
-/// change to any file, or a file added or removed, changes it.
+/// What identifies one file's content for a change: its path, size,
+/// modification time and, for an object in a store, its entity tag.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp {
+    /// The file's path (inside its folder, for an object).
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last written, if known.
+    pub modified: Option<SystemTime>,
+    /// The store's entity tag of an object (`None` for a local file).
+    pub tag: Option<String>,
+}
+
+/// The stamp of every file under a folder: a change to any file, or a file
+/// added or removed, changes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Fingerprint(Vec<(PathBuf, u64, Option<SystemTime>)>);
+pub struct Fingerprint(Vec<Stamp>);
 
 impl Fingerprint {
     /// Fingerprints the files directly in `dir` (`recursive: false`) or
@@ -134,17 +150,22 @@ impl Fingerprint {
     pub fn of(dir: &Path, recursive: bool) -> Fingerprint {
         let mut files = Vec::new();
         collect(dir, recursive, &mut files);
-        files.sort();
-        Fingerprint(files)
+        Fingerprint::from_stamps(files)
+    }
+
+    /// The fingerprint of files stamped elsewhere (an object listing).
+    pub fn from_stamps(mut stamps: Vec<Stamp>) -> Fingerprint {
+        stamps.sort();
+        Fingerprint(stamps)
     }
 
     /// The total size of the files, in bytes.
     pub fn bytes(&self) -> u64 {
-        self.0.iter().map(|(_, size, _)| size).sum()
+        self.0.iter().map(|s| s.size).sum()
     }
 }
 
-fn collect(dir: &Path, recursive: bool, files: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
+fn collect(dir: &Path, recursive: bool, files: &mut Vec<Stamp>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         // A link to a file counts as the file (ModelMesh's puller and
@@ -155,7 +176,7 @@ fn collect(dir: &Path, recursive: bool, files: &mut Vec<(PathBuf, u64, Option<Sy
                 collect(&entry.path(), true, files);
             }
         } else if meta.is_file() {
-            files.push((entry.path(), meta.len(), meta.modified().ok()));
+            files.push(Stamp { path: entry.path(), size: meta.len(), modified: meta.modified().ok(), tag: None });
         }
     }
 }
@@ -228,7 +249,7 @@ mod tests {
         for dir in ["a/1", "a/3", "a/notes", "a/03", "b/2", ".hidden/1"] {
             std::fs::create_dir_all(repo.path().join(dir)).unwrap();
         }
-        let models = scan(&[repo.path().to_path_buf()]).unwrap();
+        let models = scan_folder(repo.path()).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(versions(&models[0]), vec![1, 3]);
