@@ -10,9 +10,10 @@ use clap::{Args, Parser, Subcommand};
 use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
 use crate::residency::Budget;
-use crate::server::ServeOptions;
+use crate::server::listener_settings::default_max_connections;
 pub use crate::server::logging::LogFormat;
 use crate::server::restrictions::{Front, Restrictions};
+use crate::server::{GrpcListener, HttpListener, ServeOptions};
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
 #[derive(Debug, Parser)]
@@ -219,6 +220,56 @@ pub struct ServeArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub http_max_body_bytes: usize,
 
+    /// Seconds a new HTTP or metrics connection may take to open (TLS
+    /// handshake, HTTP/2 preface) and each request head to arrive; an idle
+    /// keep-alive connection is closed after as long (HTTP/2: pinged).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub http_header_read_timeout: f64,
+
+    /// Seconds a request body may pause between two pieces (408 beyond).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_BODY_READ_TIMEOUT_SECS)]
+    pub http_body_read_timeout: f64,
+
+    /// Connections the HTTP port holds at once; more are closed at accept
+    /// (default: half the open-file limit after 256 for the server).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections: Option<u64>,
+
+    /// Connections the metrics port holds at once (default: an eighth of
+    /// the open-file limit after 256, at most 64).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub metrics_max_connections: Option<u64>,
+
+    /// Connections the gRPC port holds at once (default: three eighths of
+    /// the open-file limit after 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_max_connections: Option<u64>,
+
+    /// Seconds a new gRPC connection may take to send its TLS handshake and
+    /// HTTP/2 preface.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub grpc_handshake_timeout: f64,
+
+    /// Milliseconds a gRPC connection may go without a frame from its
+    /// client before the server pings it (Triton's flag and default, 2 h).
+    #[arg(long, value_name = "MS", default_value_t = 7_200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_keepalive_time: u64,
+
+    /// Milliseconds the server waits for the answer to its ping before it
+    /// closes the connection (Triton's flag and default).
+    #[arg(long, value_name = "MS", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_keepalive_timeout: u64,
+
+    /// Milliseconds after which a gRPC connection is asked to go away
+    /// (GOAWAY; 0, the default: never; Triton's flag).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub grpc_max_connection_age: u64,
+
+    /// Milliseconds the calls of a connection past its age may still take
+    /// before it is closed (0, the default: as long as they take; Triton's flag).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub grpc_max_connection_age_grace: u64,
+
     /// Report ready only when every model is READY (Triton's default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
@@ -350,6 +401,7 @@ impl ServeArgs {
             gpu: Default::default(),
         };
         let timeout = Duration::from_secs(self.model_load_timeout_secs);
+        let budget_limits = default_max_connections();
         Ok(ServeOptions {
             loading: self.loading.options(self.model_control_mode, budget, timeout)?,
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
@@ -364,12 +416,58 @@ impl ServeArgs {
             grpc_address: self.grpc_address.unwrap_or(self.http_address),
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
+            http: self.http_listener(budget_limits.http, self.http_max_connections)?,
+            metrics: self.http_listener(budget_limits.metrics, self.metrics_max_connections)?,
+            grpc: self.grpc_listener(budget_limits.grpc)?,
             strict_readiness: self.strict_readiness,
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
             trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
+    }
+}
+
+impl ServeArgs {
+    /// The HTTP (or metrics) listener's settings, with at most `given`
+    /// connections, else `default`.
+    ///
+    /// # Errors
+    /// A message naming a timeout flag that is not a positive number of seconds.
+    fn http_listener(&self, default: usize, given: Option<u64>) -> Result<HttpListener, String> {
+        Ok(HttpListener {
+            header_read_timeout: seconds("--http-header-read-timeout", self.http_header_read_timeout)?,
+            body_read_timeout: seconds("--http-body-read-timeout", self.http_body_read_timeout)?,
+            max_connections: given.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        })
+    }
+
+    /// The gRPC listener's settings, with at most `default` connections
+    /// unless `--grpc-max-connections` says otherwise.
+    ///
+    /// # Errors
+    /// A message naming a timeout flag that is not a positive number of seconds.
+    fn grpc_listener(&self, default: usize) -> Result<GrpcListener, String> {
+        let millis = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        Ok(GrpcListener {
+            handshake_timeout: seconds("--grpc-handshake-timeout", self.grpc_handshake_timeout)?,
+            keepalive_time: Duration::from_millis(self.grpc_keepalive_time),
+            keepalive_timeout: Duration::from_millis(self.grpc_keepalive_timeout),
+            max_connection_age: millis(self.grpc_max_connection_age),
+            max_connection_age_grace: millis(self.grpc_max_connection_age_grace),
+            max_connections: self.grpc_max_connections.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        })
+    }
+}
+
+/// `value` seconds of `flag` as a duration.
+///
+/// # Errors
+/// A message naming `flag` when `value` is not a positive number of seconds.
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    match Duration::try_from_secs_f64(value) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!("{flag} must be a positive number of seconds, got {value}")),
     }
 }
 

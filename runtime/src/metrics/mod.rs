@@ -16,6 +16,7 @@
 //! loaded would keep its series, and each version rolled out would make
 //! every scrape longer.
 
+mod connections;
 mod gpu;
 mod model;
 mod plugin;
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
+pub use connections::{ConnectionMetrics, Listener, OpenConnection, SlowClient};
 pub use model::{
     BatchStats, Compute, FailureReason, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics, SequenceEnd, Total,
 };
@@ -43,6 +45,9 @@ pub struct Metrics {
     /// Residency and load counts (`plinth_residency_*`, `plinth_model_*`,
     /// `plinth_memory_*`).
     pub residency: ResidencyMetrics,
+    /// Connections per listener: open, refused at the limit, closed for
+    /// slow clients, failed TLS handshakes.
+    pub connections: ConnectionMetrics,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -131,6 +136,7 @@ impl Metrics {
         };
         Metrics {
             residency: ResidencyMetrics::register(&registry),
+            connections: ConnectionMetrics::register(&registry),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),

@@ -5,6 +5,7 @@
 //! [`serve`], which starts them, runs the start-up loads and polling, and
 //! shuts down gracefully.
 
+pub mod body_timeout;
 mod error;
 mod grpc;
 pub mod http;
@@ -29,6 +30,7 @@ use crate::lifecycle::{ControlMode, Lifecycle, LoadingOptions};
 
 pub use error::ApiError;
 pub use http::router;
+pub use listeners::settings::{self as listener_settings, GrpcListener, HttpListener};
 pub use service::Service;
 
 /// Everything `plinth serve` needs, from flags (see `cli`).
@@ -52,6 +54,14 @@ pub struct ServeOptions {
     pub http_port: u16,
     /// Largest request body accepted, in bytes (413 beyond).
     pub http_max_body_bytes: usize,
+    /// What the HTTP listener allows its clients: timeouts, connections.
+    pub http: HttpListener,
+    /// What the metrics listener allows its clients (the HTTP timeouts,
+    /// a connection limit of its own).
+    pub metrics: HttpListener,
+    /// What the gRPC listener allows its clients: handshake timeout,
+    /// keepalive, connection age, connections.
+    pub grpc: GrpcListener,
     /// Readiness also requires every model to be READY.
     pub strict_readiness: bool,
     /// How long accepted requests may take to finish after SIGTERM/SIGINT.

@@ -470,6 +470,11 @@ pub async fn wrong_method() -> ApiError {
 }
 
 pub(super) fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
+    if let Some(stalled) = super::body_timeout::stalled(&e) {
+        let metrics = &service.lifecycle.metrics().connections;
+        metrics.slow_client(crate::metrics::Listener::Http, crate::metrics::SlowClient::Body);
+        return ApiError::new(StatusCode::REQUEST_TIMEOUT, stalled.to_string());
+    }
     let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         // Begins as Triton's text, which clients match on.
         let max = service.max_body_bytes;
