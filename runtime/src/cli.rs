@@ -13,6 +13,7 @@ use crate::residency::Budget;
 use crate::server::listener_settings::default_max_connections;
 pub use crate::server::logging::LogFormat;
 use crate::server::restrictions::{Front, Restrictions};
+use crate::server::tls::TlsFiles;
 use crate::server::{GrpcListener, HttpListener, ServeOptions};
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
@@ -245,6 +246,57 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub grpc_max_connections: Option<u64>,
 
+    /// Serve gRPC over TLS with --grpc-server-cert and --grpc-server-key
+    /// (Triton's flag).
+    #[arg(long, value_name = "BOOL", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl: bool,
+
+    /// Serve gRPC over mutual TLS: as --grpc-use-ssl, and every client must
+    /// present a certificate signed by --grpc-root-cert (Triton's flag).
+    #[arg(long, value_name = "BOOL", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl_mutual: bool,
+
+    /// The gRPC server's certificate chain, PEM (re-read when it changes).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_cert: Option<PathBuf>,
+
+    /// The gRPC server certificate's private key, PEM (re-read when it changes).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_key: Option<PathBuf>,
+
+    /// With --grpc-use-ssl-mutual: the roots that sign the clients'
+    /// certificates, PEM (re-read when they change).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_root_cert: Option<PathBuf>,
+
+    /// Serve HTTP over TLS (HTTPS) with this certificate chain, PEM, and
+    /// --http-ssl-key (re-read when they change).
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_cert: Option<PathBuf>,
+
+    /// The HTTPS certificate's private key, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_key: Option<PathBuf>,
+
+    /// HTTPS with mutual TLS: every client must present a certificate
+    /// signed by one of these roots, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_root_cert: Option<PathBuf>,
+
+    /// Serve metrics over TLS with this certificate chain, PEM, and
+    /// --metrics-ssl-key.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_cert: Option<PathBuf>,
+
+    /// The metrics certificate's private key, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_key: Option<PathBuf>,
+
+    /// Metrics with mutual TLS: the roots that sign the scrapers'
+    /// certificates, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_root_cert: Option<PathBuf>,
+
     /// Seconds a new gRPC connection may take to send its TLS handshake and
     /// HTTP/2 preface.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
@@ -416,8 +468,8 @@ impl ServeArgs {
             grpc_address: self.grpc_address.unwrap_or(self.http_address),
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
-            http: self.http_listener(budget_limits.http, self.http_max_connections)?,
-            metrics: self.http_listener(budget_limits.metrics, self.metrics_max_connections)?,
+            http: self.http_listener(budget_limits.http, self.http_max_connections, self.http_tls()?)?,
+            metrics: self.http_listener(budget_limits.metrics, self.metrics_max_connections, self.metrics_tls()?)?,
             grpc: self.grpc_listener(budget_limits.grpc)?,
             strict_readiness: self.strict_readiness,
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
@@ -434,8 +486,9 @@ impl ServeArgs {
     ///
     /// # Errors
     /// A message naming a timeout flag that is not a positive number of seconds.
-    fn http_listener(&self, default: usize, given: Option<u64>) -> Result<HttpListener, String> {
+    fn http_listener(&self, default: usize, given: Option<u64>, tls: Option<TlsFiles>) -> Result<HttpListener, String> {
         Ok(HttpListener {
+            tls,
             header_read_timeout: seconds("--http-header-read-timeout", self.http_header_read_timeout)?,
             body_read_timeout: seconds("--http-body-read-timeout", self.http_body_read_timeout)?,
             max_connections: given.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
@@ -456,7 +509,83 @@ impl ServeArgs {
             max_connection_age: millis(self.grpc_max_connection_age),
             max_connection_age_grace: millis(self.grpc_max_connection_age_grace),
             max_connections: self.grpc_max_connections.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            tls: self.grpc_tls()?,
         })
+    }
+
+    /// The HTTP port's TLS files, from --http-ssl-*.
+    ///
+    /// # Errors
+    /// As [`tls_files`].
+    fn http_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let flags = ["--http-ssl-cert", "--http-ssl-key", "--http-ssl-root-cert"];
+        tls_files(flags, &self.http_ssl_cert, &self.http_ssl_key, &self.http_ssl_root_cert)
+    }
+
+    /// The metrics port's TLS files, from --metrics-ssl-*.
+    ///
+    /// # Errors
+    /// As [`tls_files`].
+    fn metrics_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let flags = ["--metrics-ssl-cert", "--metrics-ssl-key", "--metrics-ssl-root-cert"];
+        tls_files(flags, &self.metrics_ssl_cert, &self.metrics_ssl_key, &self.metrics_ssl_root_cert)
+    }
+
+    /// The gRPC port's TLS files, from Triton's flags: --grpc-use-ssl (or
+    /// --grpc-use-ssl-mutual, which implies it) with --grpc-server-cert and
+    /// --grpc-server-key; under mutual TLS, --grpc-root-cert.
+    ///
+    /// # Errors
+    /// A message naming the flag missing, or given where it does nothing.
+    fn grpc_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let (cert, key, root) = (&self.grpc_server_cert, &self.grpc_server_key, &self.grpc_root_cert);
+        if !self.grpc_use_ssl && !self.grpc_use_ssl_mutual {
+            let given = [("--grpc-server-cert", cert), ("--grpc-server-key", key), ("--grpc-root-cert", root)];
+            return match given.iter().find(|(_, path)| path.is_some()) {
+                Some((flag, _)) => Err(format!("{flag} needs --grpc-use-ssl=true or --grpc-use-ssl-mutual=true")),
+                None => Ok(None),
+            };
+        }
+        if !self.grpc_use_ssl_mutual && root.is_some() {
+            return Err("--grpc-root-cert is used only with --grpc-use-ssl-mutual=true: without it, clients are \
+                        not asked for a certificate"
+                .into());
+        }
+        if self.grpc_use_ssl_mutual && root.is_none() {
+            return Err("--grpc-use-ssl-mutual needs --grpc-root-cert: the roots that sign the clients' \
+                        certificates"
+                .into());
+        }
+        let flag = if self.grpc_use_ssl_mutual { "--grpc-use-ssl-mutual" } else { "--grpc-use-ssl" };
+        let need = |path: &Option<PathBuf>, name: &str| path.clone().ok_or_else(|| format!("{flag} needs {name}"));
+        Ok(Some(TlsFiles {
+            cert: need(cert, "--grpc-server-cert")?,
+            key: need(key, "--grpc-server-key")?,
+            client_roots: root.clone(),
+        }))
+    }
+}
+
+/// The TLS files of an HTTP listener from its `[cert, key, root]` flags.
+///
+/// # Errors
+/// A message naming the flag missing: a certificate needs its key and a
+/// key its certificate; client roots need both.
+fn tls_files(
+    flags: [&str; 3],
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> Result<Option<TlsFiles>, String> {
+    let [cert_flag, key_flag, root_flag] = flags;
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            Ok(Some(TlsFiles { cert: cert.clone(), key: key.clone(), client_roots: root.clone() }))
+        }
+        (Some(_), None) => Err(format!("{cert_flag} needs {key_flag}")),
+        (None, Some(_)) => Err(format!("{key_flag} needs {cert_flag}")),
+        (None, None) if root.is_some() => Err(format!("{root_flag} needs {cert_flag} and {key_flag}")),
+        (None, None) => Ok(None),
     }
 }
 

@@ -36,6 +36,8 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => {
             bound_malloc_arenas();
+            // Every TLS user of the process (listeners, object storage) agrees on ring.
+            plinth::server::tls::install_crypto_provider();
             let logging = Arc::new(Logging::init(args.log_verbose, args.log_format));
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             let result = args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts, logging)));

@@ -21,6 +21,7 @@ mod shutdown;
 pub mod status;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

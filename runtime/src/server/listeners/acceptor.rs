@@ -44,16 +44,23 @@ connection: close\r\nretry-after: 1\r\ncontent-length: 76\r\n\r\n\
 {\"error\":\"the server holds its maximum of connections; retry on a new one\"}\n";
 
 /// A connection taken from the kernel, with its places in the listener's
-/// counts.
-pub(super) struct Accepted {
+/// counts; `S` is its stream (TCP, until a TLS handshake wraps it).
+pub(super) struct Accepted<S = TcpStream> {
     /// The connection.
-    pub stream: TcpStream,
+    pub stream: S,
     /// Held until the connection's first read (shutdown waits for that).
     pub fresh: Hold,
     /// Held while the connection is open (the listener's limit).
     pub open: Hold,
     /// When it was accepted: its opening deadline counts from here.
     pub at: Instant,
+}
+
+impl<S> Accepted<S> {
+    /// The same connection over the stream `wrap` makes of its own.
+    pub(super) fn map<T>(self, wrap: impl FnOnce(S) -> T) -> Accepted<T> {
+        Accepted { stream: wrap(self.stream), fresh: self.fresh, open: self.open, at: self.at }
+    }
 }
 
 /// How many connections a listener holds at most, and where it reports
@@ -306,8 +313,9 @@ mod tests {
 
     use tokio::io::AsyncReadExt;
 
-    use super::super::connection::{Conn, Reporting};
+    use super::super::connection::Conn;
     use super::super::opening::Opening;
+    use super::super::report::Reporting;
     use super::*;
 
     fn limit(max: usize, metrics: &Arc<Metrics>) -> Limit {
@@ -316,6 +324,7 @@ mod tests {
 
     /// The server's side of `accepted`, as the HTTP server reads it.
     fn conn(accepted: Accepted, metrics: &Arc<Metrics>) -> Conn {
+        let accepted = accepted.map(super::super::transport::Transport::Plain);
         let opening = Opening::new(Instant::now() + Duration::from_secs(600), Duration::from_secs(600));
         let reporting = Reporting {
             listener: Listener::Http,

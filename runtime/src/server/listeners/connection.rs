@@ -7,18 +7,18 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::acceptor::Accepted;
 use super::opening::Opening;
+use super::report::Reporting;
+use super::transport::Transport;
 use crate::drain::Hold;
-use crate::metrics::{Listener, Metrics, OpenConnection, SlowClient};
+use crate::metrics::{OpenConnection, SlowClient};
 
 /// How long a connection the server closes keeps reading, and discarding,
 /// what its client still sends (a body the answer made moot, such as that
@@ -26,23 +26,11 @@ use crate::metrics::{Listener, Metrics, OpenConnection, SlowClient};
 /// the reset can overtake the answer.
 const LINGER_ON_CLOSE: Duration = Duration::from_secs(2);
 
-/// What a connection of one listener reports to: the listener's name and
-/// the metrics its slow clients are counted in.
-#[derive(Clone)]
-pub(super) struct Reporting {
-    /// The listener.
-    pub listener: Listener,
-    /// Where `plinth_connections_*` are counted.
-    pub metrics: Arc<Metrics>,
-    /// The flag whose timeout an opening is held to, for the log.
-    pub opening_flag: &'static str,
-}
-
-/// An accepted connection: the TCP stream, plus what shutdown and the
+/// An accepted connection: its TCP or TLS stream, plus what shutdown and the
 /// connection limit need to know of it, the opening deadline, a lingering
 /// close, and (HTTP) hyper's bodyless error answers given a JSON body.
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Transport,
     /// Held until the first read returns: the first request may still be
     /// on its way.
     fresh: Option<Hold>,
@@ -66,7 +54,7 @@ impl Conn {
     /// The connection `accepted`, counted fresh until its first read and
     /// open until dropped, its opening due by `opening`'s deadline;
     /// `explain` gives hyper's bodyless error answers a JSON body (HTTP).
-    pub(super) fn new(accepted: Accepted, opening: Opening, reporting: Reporting, explain: bool) -> Conn {
+    pub(super) fn new(accepted: Accepted<Transport>, opening: Opening, reporting: Reporting, explain: bool) -> Conn {
         let head = explain.then(crate::server::http::HeadLimit::new);
         let open = reporting.metrics.connections.opened(reporting.listener);
         Conn {
@@ -234,7 +222,7 @@ impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }
 
@@ -246,8 +234,11 @@ mod tests {
 
     use tokio::net::TcpListener;
 
+    use std::sync::Arc;
+
     use super::*;
     use crate::drain::InUse;
+    use crate::metrics::{Listener, Metrics};
 
     const HYPER_400: &[u8] =
         b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 02 Dec 2026 19:59:19 GMT\r\n\r\n";
@@ -260,7 +251,8 @@ mod tests {
         let (stream, _) = listener.accept().await.unwrap();
         let fresh = InUse::default();
         let at = tokio::time::Instant::now();
-        let accepted = Accepted { stream, fresh: fresh.hold(), open: InUse::default().hold(), at };
+        let accepted =
+            Accepted { stream: Transport::Plain(stream), fresh: fresh.hold(), open: InUse::default().hold(), at };
         let opening = Opening::new(at + Duration::from_secs(600), Duration::from_secs(600));
         let reporting = Reporting {
             listener: Listener::Http,
@@ -331,7 +323,12 @@ mod tests {
         let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
         let at = tokio::time::Instant::now();
-        let accepted = Accepted { stream, fresh: InUse::default().hold(), open: InUse::default().hold(), at };
+        let accepted = Accepted {
+            stream: Transport::Plain(stream),
+            fresh: InUse::default().hold(),
+            open: InUse::default().hold(),
+            at,
+        };
         let metrics = Arc::new(Metrics::new());
         let reporting =
             Reporting { listener: Listener::Grpc, metrics: metrics.clone(), opening_flag: "--grpc-handshake-timeout" };

@@ -15,8 +15,10 @@
 mod acceptor;
 mod connection;
 mod opening;
+mod report;
 mod serve;
 pub mod settings;
+mod transport;
 
 use std::io;
 use std::net::SocketAddr;
@@ -31,14 +33,16 @@ use tokio::time::Instant;
 use tonic_health::ServingStatus;
 
 use self::acceptor::{Acceptor, Controls, Kind, Limit};
-use self::connection::{Conn, Reporting};
+use self::connection::Conn;
 use self::opening::Opening;
+use self::report::Reporting;
 use self::serve::HttpServer;
 use self::settings::{GrpcListener, HttpListener};
 use super::{ServeOptions, Service, grpc, modelmesh};
 use crate::drain::InUse;
 use crate::lifecycle::ControlMode;
 use crate::metrics::{Listener, Metrics};
+use crate::server::tls::{Alpn, Tls, TlsFiles};
 
 /// How often the gRPC health service checks readiness.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
@@ -125,7 +129,7 @@ impl Listeners {
             Some(port) => Some(serve_grpc(service, SocketAddr::new(opts.grpc_address, port), &opts.grpc).await?),
             None => None,
         };
-        let server = http_server(super::router(service.clone()), &opts.http, Listener::Http, service);
+        let server = http_server(super::router(service.clone()), &opts.http, Listener::Http, service)?;
         let http = serve_http(listener, server, "--http-max-connections")?;
         Ok(Listeners { http, grpc, _metrics: metrics })
     }
@@ -163,15 +167,42 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr, String> {
 }
 
 /// The server of an HTTP listener: `app` behind the limits of `settings`,
-/// reporting as `listener`.
-fn http_server(app: Router, settings: &HttpListener, listener: Listener, service: &Service) -> HttpServer {
-    let reporting = reporting(listener, service.lifecycle.metrics(), "--http-header-read-timeout");
-    HttpServer { app, settings: Arc::new(settings.clone()), reporting }
+/// reporting as `listener`, over TLS when the settings name its files.
+///
+/// # Errors
+/// A message naming a TLS file that cannot be read or used.
+fn http_server(
+    app: Router,
+    settings: &HttpListener,
+    listener: Listener,
+    service: &Service,
+) -> Result<HttpServer, String> {
+    let metrics = service.lifecycle.metrics();
+    let tls = start_tls(settings.tls.as_ref(), Alpn::Http, listener, metrics)?;
+    let reporting = reporting(listener, metrics, tls.is_some(), "--http-header-read-timeout");
+    Ok(HttpServer { app, settings: Arc::new(settings.clone()), reporting, tls })
+}
+
+/// The TLS of `listener` from `files`, if any, logged.
+///
+/// # Errors
+/// As [`Tls::start`].
+fn start_tls(
+    files: Option<&TlsFiles>,
+    alpn: Alpn,
+    listener: Listener,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Tls>, String> {
+    let Some(files) = files else { return Ok(None) };
+    let tls = Tls::start(files, alpn, listener, metrics).map_err(|e| format!("{} TLS: {e}", listener.label()))?;
+    let clients = if files.client_roots.is_some() { "; clients must present a certificate" } else { "" };
+    tracing::info!(listener = listener.label(), "TLS with {}{clients}", files.cert.display());
+    Ok(Some(tls))
 }
 
 /// Where the connections of `listener` report, their opening held to `flag`.
-fn reporting(listener: Listener, metrics: &Arc<Metrics>, flag: &'static str) -> Reporting {
-    metrics.connections.start(listener, false);
+fn reporting(listener: Listener, metrics: &Arc<Metrics>, tls: bool, flag: &'static str) -> Reporting {
+    metrics.connections.start(listener, tls);
     Reporting { listener, metrics: metrics.clone(), opening_flag: flag }
 }
 
@@ -184,7 +215,8 @@ fn serve_http(listener: TcpListener, server: HttpServer, flag: &'static str) -> 
         listener: server.reporting.listener,
         metrics: server.reporting.metrics.clone(),
     };
-    let (acceptor, controls) = Acceptor::new(listener, Kind::Http, limit)?;
+    let kind = if server.tls.is_some() { Kind::Https } else { Kind::Http };
+    let (acceptor, controls) = Acceptor::new(listener, kind, limit)?;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server.serve(acceptor, stopped));
     Ok(Running::new(controls, stop, task))
@@ -197,7 +229,7 @@ async fn serve_metrics(addr: SocketAddr, service: &Service, opts: &ServeOptions)
     tracing::info!("metrics listening on {}", local_addr(&listener)?);
     let metrics = service.lifecycle.metrics().clone();
     let app = Router::new().route("/metrics", get(move || async move { metrics.render() }));
-    serve_http(listener, http_server(app, &opts.metrics, Listener::Metrics, service), "--metrics-max-connections")
+    serve_http(listener, http_server(app, &opts.metrics, Listener::Metrics, service)?, "--metrics-max-connections")
 }
 
 /// The KServe v2 gRPC service, the standard gRPC health service
@@ -229,7 +261,8 @@ async fn serve_grpc(
         }
     });
     let metrics = service.lifecycle.metrics();
-    let reporting = reporting(Listener::Grpc, metrics, "--grpc-handshake-timeout");
+    let tls = start_tls(settings.tls.as_ref(), Alpn::Grpc, Listener::Grpc, metrics)?;
+    let reporting = reporting(Listener::Grpc, metrics, tls.is_some(), "--grpc-handshake-timeout");
     let limit = Limit {
         max: settings.max_connections,
         flag: "--grpc-max-connections",
@@ -247,11 +280,16 @@ async fn serve_grpc(
                 (accepted, _) = acceptor.next() => accepted,
                 () = connections.closed() => return,
             };
-            let opening = Opening::new(accepted.at + handshake, handshake);
-            let conn = Conn::new(accepted, opening, reporting.clone(), false);
-            if connections.send(Ok(conn)).await.is_err() {
-                return;
-            }
+            // Each connection's handshake on its own, so a slow one holds up no other.
+            let (connections, tls, reporting) = (connections.clone(), tls.clone(), reporting.clone());
+            tokio::spawn(async move {
+                let deadline = accepted.at + handshake;
+                let Some(accepted) = transport::secure(accepted, tls.as_ref(), deadline, &reporting).await else {
+                    return;
+                };
+                let conn = Conn::new(accepted, Opening::new(deadline, handshake), reporting, false);
+                let _ = connections.send(Ok(conn)).await;
+            });
         }
     });
     let (stop, stopped) = oneshot::channel::<()>();

@@ -2,7 +2,8 @@
 //! hyper, as `axum::serve` would, plus the limits it has no setting for:
 //! each HTTP/1 request head must arrive within the header read timeout
 //! (which also closes a keep-alive connection left idle that long), each
-//! request body must keep arriving, and HTTP/2 connections are pinged.
+//! request body must keep arriving, HTTP/2 connections are pinged, and
+//! HTTPS connections are handshaken first.
 //! At shutdown every connection is stopped gracefully: a request being
 //! answered finishes, an idle connection closes.
 
@@ -20,12 +21,15 @@ use tokio::sync::{oneshot, watch};
 use tower::Service as _;
 
 use super::acceptor::{Accepted, Acceptor};
-use super::connection::{Conn, Reporting};
+use super::connection::Conn;
 use super::opening::Opening;
+use super::report::Reporting;
 use super::settings::{HTTP2_PING_TIMEOUT, HttpListener};
+use super::transport;
 use crate::drain::{Hold, InUse};
 use crate::metrics::SlowClient;
 use crate::server::body_timeout::IdleTimeout;
+use crate::server::tls::Tls;
 
 /// One HTTP listener's server: its routes, its limits, where it reports.
 #[derive(Clone)]
@@ -36,6 +40,8 @@ pub(super) struct HttpServer {
     pub settings: Arc<HttpListener>,
     /// Its name and metrics.
     pub reporting: Reporting,
+    /// Its TLS, when it speaks HTTPS.
+    pub tls: Option<Tls>,
 }
 
 impl HttpServer {
@@ -61,7 +67,11 @@ impl HttpServer {
     /// Serves one connection until it closes, or gracefully from `stop` on.
     async fn serve_connection(self, accepted: Accepted, mut stop: watch::Receiver<bool>, _serving: Hold) {
         let settings = &self.settings;
-        let opening = Opening::new(accepted.at + settings.header_read_timeout, settings.header_read_timeout);
+        let deadline = accepted.at + settings.header_read_timeout;
+        let Some(accepted) = transport::secure(accepted, self.tls.as_ref(), deadline, &self.reporting).await else {
+            return;
+        };
+        let opening = Opening::new(deadline, settings.header_read_timeout);
         let conn = Conn::new(accepted, opening, self.reporting.clone(), true);
         let body_timeout = settings.body_read_timeout;
         let app = self.app.clone();

@@ -1,8 +1,10 @@
 //! What each listener allows its clients: how long a client may take to
 //! open a connection and to send a request head or body, how many
-//! connections the listener holds at once, and HTTP/2 keepalive.
+//! connections the listener holds at once, HTTP/2 keepalive, and TLS.
 
 use std::time::Duration;
+
+use crate::server::tls::TlsFiles;
 
 /// `--http-header-read-timeout`'s default, in seconds: nginx's
 /// `client_header_timeout` is 60 s, hyper's `header_read_timeout` 30 s.
@@ -39,6 +41,9 @@ pub struct HttpListener {
     pub body_read_timeout: Duration,
     /// Connections open at once; more are closed at accept.
     pub max_connections: usize,
+    /// The certificate, key and (mutual TLS) client roots, when the
+    /// listener speaks HTTPS.
+    pub tls: Option<TlsFiles>,
 }
 
 /// What the gRPC listener allows its clients.
@@ -61,6 +66,9 @@ pub struct GrpcListener {
     pub max_connection_age_grace: Option<Duration>,
     /// Connections open at once; more are closed at accept.
     pub max_connections: usize,
+    /// The certificate, key and (mutual TLS) client roots, when the
+    /// listener speaks TLS (Triton's `--grpc-use-ssl`).
+    pub tls: Option<TlsFiles>,
 }
 
 /// The default connection limits of the HTTP, gRPC and metrics listeners,
