@@ -345,6 +345,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_client_shm: bool,
 
+    /// The most bytes one request's inputs may read from system shared
+    /// memory, in all, e.g. 256MiB (400 beyond; default: --http-max-body-bytes).
+    #[arg(long, value_parser = parse_bytes)]
+    pub shm_max_input_bytes: Option<usize>,
+
     /// Request tracing with OpenTelemetry, as Triton's flag (repeat):
     /// `level=TIMESTAMPS` (default OFF), `rate=N` (one request in N,
     /// default 1000; 0: only requests with a sampled `traceparent`),
@@ -475,6 +480,7 @@ impl ServeArgs {
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
+            shm_max_input_bytes: self.shm_max_input_bytes.unwrap_or(self.http_max_body_bytes) as u64,
             trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
     }

@@ -21,6 +21,7 @@ mod gpu;
 mod model;
 mod plugin;
 mod residency;
+mod shared_memory;
 mod system;
 
 use std::collections::HashMap;
@@ -35,6 +36,7 @@ pub use model::{
 };
 pub use plugin::{PluginMetrics, PluginStage};
 pub use residency::ResidencyMetrics;
+pub use shared_memory::SharedMemoryMetrics;
 
 /// The labels of Triton's per-model families.
 const MODEL_LABELS: &[&str] = &["model", "version"];
@@ -48,6 +50,8 @@ pub struct Metrics {
     /// Connections per listener: open, refused at the limit, closed for
     /// slow clients, failed TLS handshakes.
     pub connections: ConnectionMetrics,
+    /// The bytes of each system shared memory region requests hold.
+    pub shared_memory: SharedMemoryMetrics,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -137,6 +141,7 @@ impl Metrics {
         Metrics {
             residency: ResidencyMetrics::register(&registry),
             connections: ConnectionMetrics::register(&registry),
+            shared_memory: SharedMemoryMetrics::register(&registry),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),

@@ -76,6 +76,9 @@ pub struct ServeOptions {
     pub grpc_restrictions: restrictions::Restrictions,
     /// `--allow-client-shm`: clients may register shared memory regions.
     pub allow_client_shm: bool,
+    /// `--shm-max-input-bytes`: the most bytes one request's inputs may
+    /// read from shared memory, in all.
+    pub shm_max_input_bytes: u64,
     /// `--trace-config`: which requests are traced and where their spans go.
     pub trace: crate::trace::TraceConfig,
 }
@@ -98,7 +101,8 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     service.logging = Some(logging);
     service.http_restrictions = opts.http_restrictions.clone();
     service.grpc_restrictions = opts.grpc_restrictions.clone();
-    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm);
+    let held = service.lifecycle.metrics().shared_memory.clone();
+    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm, opts.shm_max_input_bytes, held);
     service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;

@@ -116,15 +116,16 @@ pub async fn infer(
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
         .infer(&m, trace.map(|Extension(span)| span), |m| {
+            let reads = service.shared_memory.reads();
             let binary::Decoded { request, head, tensors } =
-                binary::decode(header_length, &body, (&m.name, &m.signature), &service.shared_memory)?;
+                binary::decode(header_length, &body, (&m.name, &m.signature), &reads)?;
             let places = service::output_places(&service, &head.outputs)?;
             refuse_json_only_binary_outputs(m, &head, &places)?;
             let call = InferCall::new(tensors, &head, request.id.clone(), None);
-            Ok((call, (request.id, head, places)))
+            Ok((call, (request.id, head, places, reads.into_held())))
         })
         .await?;
-    let (id, head, places) = inferred.request;
+    let (id, head, places, _inputs) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
         let form = if places.write(&t)? {
             OutputForm::SharedMemory
