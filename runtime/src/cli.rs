@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
 use crate::residency::Budget;
+use crate::scheduler::rate_limiter::{Mode as RateLimitMode, ResourceCount};
 use crate::server::listener_settings::default_max_connections;
 pub use crate::server::logging::LogFormat;
 use crate::server::restrictions::{Front, Restrictions};
@@ -139,6 +140,22 @@ pub struct LoadArgs {
     /// true }`.
     #[arg(long, value_name = "CACHE,KEY=VALUE")]
     pub cache_config: Vec<String>,
+
+    /// Triton's rate limiter: `execution_count` makes every execution wait
+    /// for its instance's turn (priority) and resources (each instance
+    /// group's `rate_limiter`); `off` runs at once and applies no
+    /// `rate_limiter` setting.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = RateLimitMode::Off)]
+    pub rate_limit: RateLimitMode,
+
+    /// Copies of a rate limiter resource, as Triton's
+    /// `<name>:<count>[:<device>]` (repeat; case-insensitive): on GPU
+    /// `<device>`, else on every device (and, for a global resource, the
+    /// server). Once one is given, a resource not given has none. Default:
+    /// the most any instance needs. With `--rate-limit=off` it is accepted
+    /// and not applied, as in Triton.
+    #[arg(long = "rate-limit-resource", value_name = "NAME:COUNT[:DEVICE]")]
+    pub rate_limit_resources: Vec<ResourceCount>,
 }
 
 /// Flags of `plinth serve`.
@@ -420,6 +437,8 @@ impl LoadArgs {
                 None => default_cache_dir(),
             },
             response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
+            rate_limit: self.rate_limit,
+            rate_limit_resources: self.rate_limit_resources.clone(),
         })
     }
 }
