@@ -11,9 +11,12 @@ use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
 use crate::repository::Location;
 use crate::residency::Budget;
-use crate::server::ServeOptions;
+use crate::scheduler::rate_limiter::{Mode as RateLimitMode, ResourceCount};
+use crate::server::listener_settings::default_max_connections;
 pub use crate::server::logging::LogFormat;
 use crate::server::restrictions::{Front, Restrictions};
+use crate::server::tls::TlsFiles;
+use crate::server::{GrpcListener, HttpListener, ServeOptions};
 
 /// Plinth: a KServe v2 model server with WebAssembly pre/post-processing.
 #[derive(Debug, Parser)]
@@ -148,6 +151,22 @@ pub struct LoadArgs {
     /// true }`.
     #[arg(long, value_name = "CACHE,KEY=VALUE")]
     pub cache_config: Vec<String>,
+
+    /// Triton's rate limiter: `execution_count` makes every execution wait
+    /// for its instance's turn (priority) and resources (each instance
+    /// group's `rate_limiter`); `off` runs at once and applies no
+    /// `rate_limiter` setting.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = RateLimitMode::Off)]
+    pub rate_limit: RateLimitMode,
+
+    /// Copies of a rate limiter resource, as Triton's
+    /// `<name>:<count>[:<device>]` (repeat; case-insensitive): on GPU
+    /// `<device>`, else on every device (and, for a global resource, the
+    /// server). Once one is given, a resource not given has none. Default:
+    /// the most any instance needs. With `--rate-limit=off` it is accepted
+    /// and not applied, as in Triton.
+    #[arg(long = "rate-limit-resource", value_name = "NAME:COUNT[:DEVICE]")]
+    pub rate_limit_resources: Vec<ResourceCount>,
 }
 
 /// Flags of `plinth serve`.
@@ -230,6 +249,107 @@ pub struct ServeArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub http_max_body_bytes: usize,
 
+    /// Seconds a new HTTP or metrics connection may take to open (TLS
+    /// handshake, HTTP/2 preface) and each request head to arrive; an idle
+    /// keep-alive connection is closed after as long (HTTP/2: pinged).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub http_header_read_timeout: f64,
+
+    /// Seconds a request body may pause between two pieces (408 beyond).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_BODY_READ_TIMEOUT_SECS)]
+    pub http_body_read_timeout: f64,
+
+    /// Connections the HTTP port holds at once; more are closed at accept
+    /// (default: half the open-file limit after 256 for the server).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_connections: Option<u64>,
+
+    /// Connections the metrics port holds at once (default: an eighth of
+    /// the open-file limit after 256, at most 64).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub metrics_max_connections: Option<u64>,
+
+    /// Connections the gRPC port holds at once (default: three eighths of
+    /// the open-file limit after 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_max_connections: Option<u64>,
+
+    /// Serve gRPC over TLS with --grpc-server-cert and --grpc-server-key
+    /// (Triton's flag).
+    #[arg(long, value_name = "BOOL", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl: bool,
+
+    /// Serve gRPC over mutual TLS: as --grpc-use-ssl, and every client must
+    /// present a certificate signed by --grpc-root-cert (Triton's flag).
+    #[arg(long, value_name = "BOOL", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl_mutual: bool,
+
+    /// The gRPC server's certificate chain, PEM (re-read when it changes).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_cert: Option<PathBuf>,
+
+    /// The gRPC server certificate's private key, PEM (re-read when it changes).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_key: Option<PathBuf>,
+
+    /// With --grpc-use-ssl-mutual: the roots that sign the clients'
+    /// certificates, PEM (re-read when they change).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_root_cert: Option<PathBuf>,
+
+    /// Serve HTTP over TLS (HTTPS) with this certificate chain, PEM, and
+    /// --http-ssl-key (re-read when they change).
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_cert: Option<PathBuf>,
+
+    /// The HTTPS certificate's private key, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_key: Option<PathBuf>,
+
+    /// HTTPS with mutual TLS: every client must present a certificate
+    /// signed by one of these roots, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub http_ssl_root_cert: Option<PathBuf>,
+
+    /// Serve metrics over TLS with this certificate chain, PEM, and
+    /// --metrics-ssl-key.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_cert: Option<PathBuf>,
+
+    /// The metrics certificate's private key, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_key: Option<PathBuf>,
+
+    /// Metrics with mutual TLS: the roots that sign the scrapers'
+    /// certificates, PEM.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_ssl_root_cert: Option<PathBuf>,
+
+    /// Seconds a new gRPC connection may take to send its TLS handshake and
+    /// HTTP/2 preface.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub grpc_handshake_timeout: f64,
+
+    /// Milliseconds a gRPC connection may go without a frame from its
+    /// client before the server pings it (Triton's flag and default, 2 h).
+    #[arg(long, value_name = "MS", default_value_t = 7_200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_keepalive_time: u64,
+
+    /// Milliseconds the server waits for the answer to its ping before it
+    /// closes the connection (Triton's flag and default).
+    #[arg(long, value_name = "MS", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_keepalive_timeout: u64,
+
+    /// Milliseconds after which a gRPC connection is asked to go away
+    /// (GOAWAY; 0, the default: never; Triton's flag).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub grpc_max_connection_age: u64,
+
+    /// Milliseconds the calls of a connection past its age may still take
+    /// before it is closed (0, the default: as long as they take; Triton's flag).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub grpc_max_connection_age_grace: u64,
+
     /// Report ready only when every model is READY (Triton's default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
@@ -252,6 +372,11 @@ pub struct ServeArgs {
     /// (`/v2/systemsharedmemory`, Triton's flag and default).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_client_shm: bool,
+
+    /// The most bytes one request's inputs may read from system shared
+    /// memory, in all, e.g. 256MiB (400 beyond; default: --http-max-body-bytes).
+    #[arg(long, value_parser = parse_bytes)]
+    pub shm_max_input_bytes: Option<usize>,
 
     /// Request tracing with OpenTelemetry, as Triton's flag (repeat):
     /// `level=TIMESTAMPS` (default OFF), `rate=N` (one request in N,
@@ -324,6 +449,8 @@ impl LoadArgs {
                 None => default_cache_dir(),
             },
             response_cache_bytes: crate::model::ResponseCache::capacity_from_flags(&self.cache_config)?,
+            rate_limit: self.rate_limit,
+            rate_limit_resources: self.rate_limit_resources.clone(),
         })
     }
 }
@@ -362,6 +489,7 @@ impl ServeArgs {
             gpu: Default::default(),
         };
         let timeout = Duration::from_secs(self.model_load_timeout_secs);
+        let budget_limits = default_max_connections();
         Ok(ServeOptions {
             loading: self.loading.options(self.model_control_mode, budget, timeout)?,
             metrics_port: self.allow_metrics.then_some(self.metrics_port),
@@ -376,12 +504,136 @@ impl ServeArgs {
             grpc_address: self.grpc_address.unwrap_or(self.http_address),
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
+            http: self.http_listener(budget_limits.http, self.http_max_connections, self.http_tls()?)?,
+            metrics: self.http_listener(budget_limits.metrics, self.metrics_max_connections, self.metrics_tls()?)?,
+            grpc: self.grpc_listener(budget_limits.grpc)?,
             strict_readiness: self.strict_readiness,
             http_restrictions: Restrictions::parse(&self.http_restricted_api, Front::Http)?,
             grpc_restrictions: Restrictions::parse(&self.grpc_restricted_protocol, Front::Grpc)?,
             allow_client_shm: self.allow_client_shm,
+            shm_max_input_bytes: self.shm_max_input_bytes.unwrap_or(self.http_max_body_bytes) as u64,
             trace: crate::trace::TraceConfig::parse(&self.trace_config)?,
         })
+    }
+}
+
+impl ServeArgs {
+    /// The HTTP (or metrics) listener's settings, with at most `given`
+    /// connections, else `default`.
+    ///
+    /// # Errors
+    /// A message naming a timeout flag that is not a positive number of seconds.
+    fn http_listener(&self, default: usize, given: Option<u64>, tls: Option<TlsFiles>) -> Result<HttpListener, String> {
+        Ok(HttpListener {
+            tls,
+            header_read_timeout: seconds("--http-header-read-timeout", self.http_header_read_timeout)?,
+            body_read_timeout: seconds("--http-body-read-timeout", self.http_body_read_timeout)?,
+            max_connections: given.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        })
+    }
+
+    /// The gRPC listener's settings, with at most `default` connections
+    /// unless `--grpc-max-connections` says otherwise.
+    ///
+    /// # Errors
+    /// A message naming a timeout flag that is not a positive number of seconds.
+    fn grpc_listener(&self, default: usize) -> Result<GrpcListener, String> {
+        let millis = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        Ok(GrpcListener {
+            handshake_timeout: seconds("--grpc-handshake-timeout", self.grpc_handshake_timeout)?,
+            keepalive_time: Duration::from_millis(self.grpc_keepalive_time),
+            keepalive_timeout: Duration::from_millis(self.grpc_keepalive_timeout),
+            max_connection_age: millis(self.grpc_max_connection_age),
+            max_connection_age_grace: millis(self.grpc_max_connection_age_grace),
+            max_connections: self.grpc_max_connections.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            tls: self.grpc_tls()?,
+        })
+    }
+
+    /// The HTTP port's TLS files, from --http-ssl-*.
+    ///
+    /// # Errors
+    /// As [`tls_files`].
+    fn http_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let flags = ["--http-ssl-cert", "--http-ssl-key", "--http-ssl-root-cert"];
+        tls_files(flags, &self.http_ssl_cert, &self.http_ssl_key, &self.http_ssl_root_cert)
+    }
+
+    /// The metrics port's TLS files, from --metrics-ssl-*.
+    ///
+    /// # Errors
+    /// As [`tls_files`].
+    fn metrics_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let flags = ["--metrics-ssl-cert", "--metrics-ssl-key", "--metrics-ssl-root-cert"];
+        tls_files(flags, &self.metrics_ssl_cert, &self.metrics_ssl_key, &self.metrics_ssl_root_cert)
+    }
+
+    /// The gRPC port's TLS files, from Triton's flags: --grpc-use-ssl (or
+    /// --grpc-use-ssl-mutual, which implies it) with --grpc-server-cert and
+    /// --grpc-server-key; under mutual TLS, --grpc-root-cert.
+    ///
+    /// # Errors
+    /// A message naming the flag missing, or given where it does nothing.
+    fn grpc_tls(&self) -> Result<Option<TlsFiles>, String> {
+        let (cert, key, root) = (&self.grpc_server_cert, &self.grpc_server_key, &self.grpc_root_cert);
+        if !self.grpc_use_ssl && !self.grpc_use_ssl_mutual {
+            let given = [("--grpc-server-cert", cert), ("--grpc-server-key", key), ("--grpc-root-cert", root)];
+            return match given.iter().find(|(_, path)| path.is_some()) {
+                Some((flag, _)) => Err(format!("{flag} needs --grpc-use-ssl=true or --grpc-use-ssl-mutual=true")),
+                None => Ok(None),
+            };
+        }
+        if !self.grpc_use_ssl_mutual && root.is_some() {
+            return Err("--grpc-root-cert is used only with --grpc-use-ssl-mutual=true: without it, clients are \
+                        not asked for a certificate"
+                .into());
+        }
+        if self.grpc_use_ssl_mutual && root.is_none() {
+            return Err("--grpc-use-ssl-mutual needs --grpc-root-cert: the roots that sign the clients' \
+                        certificates"
+                .into());
+        }
+        let flag = if self.grpc_use_ssl_mutual { "--grpc-use-ssl-mutual" } else { "--grpc-use-ssl" };
+        let need = |path: &Option<PathBuf>, name: &str| path.clone().ok_or_else(|| format!("{flag} needs {name}"));
+        Ok(Some(TlsFiles {
+            cert: need(cert, "--grpc-server-cert")?,
+            key: need(key, "--grpc-server-key")?,
+            client_roots: root.clone(),
+        }))
+    }
+}
+
+/// The TLS files of an HTTP listener from its `[cert, key, root]` flags.
+///
+/// # Errors
+/// A message naming the flag missing: a certificate needs its key and a
+/// key its certificate; client roots need both.
+fn tls_files(
+    flags: [&str; 3],
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> Result<Option<TlsFiles>, String> {
+    let [cert_flag, key_flag, root_flag] = flags;
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            Ok(Some(TlsFiles { cert: cert.clone(), key: key.clone(), client_roots: root.clone() }))
+        }
+        (Some(_), None) => Err(format!("{cert_flag} needs {key_flag}")),
+        (None, Some(_)) => Err(format!("{key_flag} needs {cert_flag}")),
+        (None, None) if root.is_some() => Err(format!("{root_flag} needs {cert_flag} and {key_flag}")),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `value` seconds of `flag` as a duration.
+///
+/// # Errors
+/// A message naming `flag` when `value` is not a positive number of seconds.
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    match Duration::try_from_secs_f64(value) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!("{flag} must be a positive number of seconds, got {value}")),
     }
 }
 

@@ -44,6 +44,13 @@ impl InUse {
         *self.0.borrow()
     }
 
+    /// Waits until no one holds it.
+    pub async fn none(&self) {
+        let mut changes = self.0.subscribe();
+        // The sender lives in `self`, so the wait ends only by the count.
+        let _ = changes.wait_for(|n| *n == 0).await;
+    }
+
     /// Waits until no one holds it, or `deadline`.
     ///
     /// # Errors

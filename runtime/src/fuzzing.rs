@@ -150,7 +150,7 @@ static REGIONS: LazyLock<Option<SharedMemory>> = LazyLock::new(|| {
     let path = std::path::Path::new("/dev/shm").join(&key);
     let pattern: Vec<u8> = (0..=255).collect();
     std::fs::write(&path, pattern).ok()?;
-    let regions = SharedMemory::new(true);
+    let regions = SharedMemory::new(true, u64::MAX, crate::metrics::SharedMemoryMetrics::detached());
     let registered = regions.register("all", &key, 0, 256).and_then(|()| regions.register("part", &key, 16, 64));
     let _ = std::fs::remove_file(&path);
     registered.ok().map(|()| regions)
@@ -174,11 +174,11 @@ pub fn shared_memory(data: &[u8]) {
     // tensor of no elements has size 0).
     let fits = offset < 256 && offset.checked_add(size).is_some_and(|end| end <= 256);
     assert_eq!(
-        regions.read(&at).is_ok(),
+        regions.reads().read(&at).is_ok(),
         fits,
         "a read is refused exactly when it leaves the region ({offset}, {size})"
     );
-    let Ok(decoded) = binary::decode(None, body, ("m", &SIGNATURE), regions) else { return };
+    let Ok(decoded) = binary::decode(None, body, ("m", &SIGNATURE), &regions.reads()) else { return };
     for output in &decoded.head.outputs {
         if let Some(place) = output.region.clone()
             && let Ok(region) = regions.output(place)
@@ -304,8 +304,12 @@ fn response() -> InferResponse {
 struct NoRegion;
 
 impl Regions for NoRegion {
-    fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+    fn check(&self, at: &RegionRef) -> Result<(), Error> {
         Err(Error::NotFound(format!("Unable to find shared memory region: '{}'", at.region)))
+    }
+
+    fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+        self.check(at).map(|()| Vec::new())
     }
 }
 

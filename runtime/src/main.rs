@@ -32,17 +32,11 @@ fn bound_malloc_arenas() {
     }
 }
 
-/// Makes ring rustls's process-wide crypto provider before any TLS client
-/// or server is built (object storage, the OTLP exporter): reqwest's rustls
-/// has none of its own. ring's provider is deprecated only for lacking
-/// post-quantum key exchange; aws-lc-rs would add a C build of its own.
-fn install_crypto_provider() {
-    #[allow(deprecated)]
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 fn main() -> ExitCode {
-    install_crypto_provider();
+    // Before any TLS client or server is built (the listeners, object
+    // storage, the OTLP exporter): reqwest's rustls has no provider of its
+    // own, and every TLS user of the process agrees on ring.
+    plinth::server::tls::install_crypto_provider();
     match Cli::parse().command {
         Command::Serve(args) => {
             bound_malloc_arenas();

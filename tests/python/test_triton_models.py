@@ -37,7 +37,7 @@ def server(tmp_path_factory):
     shutil.copytree(repo / "onnx_float32_float32_float32", refused)
     with open(refused / "config.pbtxt", "a") as config:
         config.write("model_metrics { }\nmodel_transaction_policy { decoupled: true }\n"
-                     "instance_group [ { rate_limiter { priority: 1 } } ]\n")
+                     "instance_group [ { passive: true } ]\n")
     config = (refused / "config.pbtxt").read_text().replace('name: "onnx_float32_float32_float32"', "")
     (refused / "config.pbtxt").write_text(config)
     # Strings through TorchScript: List[str] in and out.
@@ -285,7 +285,7 @@ def test_configuration_fields_plinth_does_not_act_on_are_refused_by_name(server)
     http = httpclient.InferenceServerClient(url=server.url)
     rows = [r for r in http.get_model_repository_index() if r["name"] == "refused_fields"]
     assert rows and rows[0]["state"] == "UNAVAILABLE", rows
-    for field in ("'model_metrics'", "'model_transaction_policy.decoupled'", "'rate_limiter'"):
+    for field in ("'model_metrics'", "'model_transaction_policy.decoupled'", "'passive'"):
         assert field in rows[0]["reason"], rows[0]["reason"]
     assert http.is_model_ready("simple")
 

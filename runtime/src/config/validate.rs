@@ -542,12 +542,6 @@ fn instance_groups(config: &ModelConfig, p: &mut Problems) {
         }
         p.refuse(!group.profile.is_empty(), &format!("instance_group {name}: "), "profile", "profiles are TensorRT's");
         p.refuse(
-            group.rate_limiter.is_some(),
-            &format!("instance_group {name}: "),
-            "rate_limiter",
-            "Plinth has no rate limiter",
-        );
-        p.refuse(
             !group.secondary_devices.is_empty(),
             &format!("instance_group {name}: "),
             "secondary_devices",
@@ -662,7 +656,7 @@ mod tests {
             output [ { name: "y" dims: [ ] is_shape_tensor: true } ]
             dynamic_batching { preferred_batch_size: [ 4 ] priority_levels: 2 default_priority_level: 3
                                preserve_ordering: true }
-            instance_group [ { kind: KIND_CPU gpus: [ 0 ] rate_limiter { priority: 1 } } ]
+            instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]
             optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
             batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT8 source_input: "x" } ]
             model_transaction_policy { decoupled: true }"#;
@@ -679,7 +673,6 @@ mod tests {
             "default priority level ('default_priority_level') 3 is not in range [1, 2] ('priority_levels')",
             "'preserve_ordering' is true, so only one priority level may be used; 'priority_levels' is 2",
             "instance group #0 is of kind KIND_CPU, yet 'gpus' specifies GPUs [0]",
-            "instance_group #0: 'rate_limiter' is set, but Plinth has no rate limiter; remove it",
             "'optimization.execution_accelerators' is set",
             "batch input data type must be TYPE_INT32 or TYPE_FP32, got TYPE_INT8",
             "'model_transaction_policy.decoupled' is set",
@@ -713,7 +706,6 @@ mod tests {
                 "output 'y': 'is_non_linear_format_io'",
             ),
             (r#"instance_group [ { profile: [ "0" ] } ]"#, "'profile'"),
-            (r#"instance_group [ { rate_limiter { priority: 1 } } ]"#, "'rate_limiter'"),
             (
                 r#"instance_group [ { secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]"#,
                 "'secondary_devices'",

@@ -11,6 +11,7 @@ use crate::model::{ResponseCache, Runtimes};
 use crate::plugin::PluginLimits;
 use crate::registry::Registry;
 use crate::repository::{Location, Repositories};
+use crate::scheduler::rate_limiter::{Mode as RateLimitMode, RateLimiter, ResourceCount};
 
 /// What loading the models needs (the flags `plinth serve` and `plinth
 /// check` share).
@@ -36,6 +37,10 @@ pub struct LoadingOptions {
     /// `--cache-config local,size=BYTES`: the response cache's capacity;
     /// `None`, no cache (a model that enables it does not load).
     pub response_cache_bytes: Option<usize>,
+    /// `--rate-limit`: whether executions wait for the rate limiter.
+    pub rate_limit: RateLimitMode,
+    /// `--rate-limit-resource`: the resources' copies given explicitly.
+    pub rate_limit_resources: Vec<ResourceCount>,
 }
 
 impl Lifecycle {
@@ -51,6 +56,12 @@ impl Lifecycle {
         let mut runtimes =
             Runtimes::start(opts.ort_dylib_path.as_deref(), opts.plugin_limits, opts.plugin_cache_dir.clone())?;
         runtimes.response_cache = opts.response_cache_bytes.map(|bytes| Arc::new(ResponseCache::new(bytes)));
+        if opts.rate_limit == RateLimitMode::ExecutionCount {
+            runtimes.rate_limiter = Some(RateLimiter::new(opts.rate_limit_resources.clone()));
+        } else if !opts.rate_limit_resources.is_empty() {
+            // Triton accepts the flag with the rate limiter off and applies nothing.
+            tracing::warn!("--rate-limit-resource not applied: --rate-limit is off");
+        }
         if opts.control_mode == ControlMode::ModelMesh {
             // ModelMesh would place ONNX models here and see every load fail.
             if runtimes.onnx.is_none() {

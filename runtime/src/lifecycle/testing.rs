@@ -81,6 +81,7 @@ impl Loader for FakeLoader {
             scheduling: Scheduling::Dynamic(policy),
             metrics,
             plugin: None,
+            rate_limited: None,
         });
         if let Some(gpu) = config::parameter(config, "fake.gpu_bytes") {
             model.set_device_bytes([(0, gpu.parse().unwrap())].into());

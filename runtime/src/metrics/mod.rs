@@ -17,11 +17,13 @@
 //! loaded would keep its series, and each version rolled out would make
 //! every scrape longer.
 
+mod connections;
 mod gpu;
 mod model;
 mod plugin;
 mod repository;
 mod residency;
+mod shared_memory;
 mod system;
 
 use std::collections::HashMap;
@@ -30,12 +32,14 @@ use std::sync::{Arc, Mutex};
 use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
+pub use connections::{ConnectionMetrics, Listener, OpenConnection, SlowClient};
 pub use model::{
     BatchStats, Compute, FailureReason, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics, SequenceEnd, Total,
 };
 pub use plugin::{PluginMetrics, PluginStage};
 pub use repository::RepositoryMetrics;
 pub use residency::ResidencyMetrics;
+pub use shared_memory::SharedMemoryMetrics;
 
 /// The labels of Triton's per-model families.
 const MODEL_LABELS: &[&str] = &["model", "version"];
@@ -48,6 +52,11 @@ pub struct Metrics {
     pub residency: ResidencyMetrics,
     /// Fetches from object storage (`plinth_repository_*`).
     pub repository: Arc<RepositoryMetrics>,
+    /// Connections per listener: open, refused at the limit, closed for
+    /// slow clients, failed TLS handshakes.
+    pub connections: ConnectionMetrics,
+    /// The bytes of each system shared memory region requests hold.
+    pub shared_memory: SharedMemoryMetrics,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -137,6 +146,8 @@ impl Metrics {
         Metrics {
             residency: ResidencyMetrics::register(&registry),
             repository: Arc::new(RepositoryMetrics::register(&registry)),
+            connections: ConnectionMetrics::register(&registry),
+            shared_memory: SharedMemoryMetrics::register(&registry),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),

@@ -67,6 +67,7 @@ pub(super) struct Families {
     pending: IntGaugeVec,
     request_us: IntCounterVec,
     queue_us: IntCounterVec,
+    rate_limiter_us: IntCounterVec,
     compute_input_us: IntCounterVec,
     compute_infer_us: IntCounterVec,
     compute_output_us: IntCounterVec,
@@ -151,6 +152,11 @@ impl Families {
             pending: register(registry, pending),
             request_us: per_model("nv_inference_request_duration_us", "Cumulative inference request time, in µs"),
             queue_us: per_model("nv_inference_queue_duration_us", "Cumulative time requests spent queued, in µs"),
+            rate_limiter_us: per_model(
+                "plinth_inference_rate_limiter_wait_us",
+                "Cumulative time requests waited for their instance's turn and resources in the rate limiter, in µs \
+                 (also counted in nv_inference_queue_duration_us, as Triton counts it)",
+            ),
             compute_input_us: per_model(
                 "nv_inference_compute_input_duration_us",
                 "Cumulative time gathering batch inputs, in µs (once per execution)",
@@ -190,6 +196,7 @@ impl Families {
             pending: self.pending.with_label_values(&labels),
             request_us: self.request_us.with_label_values(&labels),
             queue_us: self.queue_us.with_label_values(&labels),
+            rate_limiter_us: self.rate_limiter_us.with_label_values(&labels),
             compute_input_us: self.compute_input_us.with_label_values(&labels),
             compute_infer_us: self.compute_infer_us.with_label_values(&labels),
             compute_output_us: self.compute_output_us.with_label_values(&labels),
@@ -212,6 +219,7 @@ impl Families {
             &self.exec_count,
             &self.request_us,
             &self.queue_us,
+            &self.rate_limiter_us,
             &self.compute_input_us,
             &self.compute_infer_us,
             &self.compute_output_us,
@@ -255,6 +263,7 @@ struct Series {
     pending: IntGauge,
     request_us: IntCounter,
     queue_us: IntCounter,
+    rate_limiter_us: IntCounter,
     compute_input_us: IntCounter,
     compute_infer_us: IntCounter,
     compute_output_us: IntCounter,
@@ -287,6 +296,13 @@ impl ModelMetrics {
     pub fn queued(&self, wait: Duration) {
         self.series.queue_us.inc_by(micros(wait));
         self.stats().queue.add(wait);
+    }
+
+    /// The `requests` of one execution waited `wait` each for their
+    /// instance's turn in the rate limiter (that wait is also in their
+    /// queue time).
+    pub fn rate_limited(&self, wait: Duration, requests: usize) {
+        self.series.rate_limiter_us.inc_by(micros(wait) * requests as u64);
     }
 
     /// One execution of `rows` rows; inferences count only when it succeeded.

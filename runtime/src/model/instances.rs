@@ -13,6 +13,7 @@ use crate::backend::remote::{RemoteConfig, RemoteModel};
 use crate::backend::{Backend, BackendKind, Placement};
 use crate::config::proto::model_instance_group::Kind;
 use crate::config::{self, ModelConfig, Signature};
+use crate::scheduler::rate_limiter::{Device, InstanceLimits};
 
 /// The most instances one model may have: each is a full session or module,
 /// so a typo in `count` must not exhaust the machine's memory.
@@ -30,6 +31,9 @@ const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
 pub struct Instances {
     /// One backend per instance, in `instance_group` order.
     pub backends: Vec<Arc<dyn Backend>>,
+    /// What each instance asks of the rate limiter: its device and its
+    /// group's `rate_limiter` (none without one), in the same order.
+    pub limits: Vec<InstanceLimits>,
     /// Device memory the instances took, in bytes, by GPU index (NVML's
     /// used memory after each load less before it; empty on the CPU).
     pub device_bytes: BTreeMap<u32, u64>,
@@ -55,8 +59,9 @@ pub fn load(
     rt: &Runtimes,
 ) -> Result<Instances, String> {
     let framework = BackendKind::of(config)?;
-    let placements =
-        placements(config, framework, &usable_gpus(framework, rt)).map_err(|e| format!("model '{name}': {e}"))?;
+    let placed = placed(config, framework, &usable_gpus(framework, rt)).map_err(|e| format!("model '{name}': {e}"))?;
+    let limits = placed.iter().map(|&(at, group)| rate_limits(config, at, group)).collect();
+    let placements: Vec<Placement> = placed.into_iter().map(|(at, _)| at).collect();
     let file = |default: &str| {
         let file = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
         version_dir.join(file)
@@ -91,7 +96,23 @@ pub fn load(
             placements.iter().map(|_| IdentityModel::new(signature, delay)).collect::<Result<_, _>>().map(shared)?
         }
     };
-    Ok(Instances { backends, device_bytes })
+    Ok(Instances { backends, limits, device_bytes })
+}
+
+/// What the instance placed `at` by `config`'s instance group `group`
+/// (`None`: the model has none) asks of the rate limiter.
+fn rate_limits(config: &ModelConfig, at: Placement, group: Option<usize>) -> InstanceLimits {
+    let device = match at {
+        Placement::Cpu => Device::Cpu,
+        Placement::Gpu(i) => Device::Gpu(u32::try_from(i).unwrap_or(u32::MAX)),
+    };
+    let limiter = group.and_then(|g| config.instance_group.get(g)).and_then(|g| g.rate_limiter.as_ref());
+    InstanceLimits {
+        device,
+        resources: limiter
+            .map_or_else(Vec::new, |l| l.resources.iter().map(|r| (r.name.clone(), r.global, r.count)).collect()),
+        priority: limiter.map_or(0, |l| l.priority),
+    }
 }
 
 /// The files by which Triton picks the backend of a model whose
@@ -237,22 +258,24 @@ pub fn may_use_gpu(config: &ModelConfig, gpu: u32) -> bool {
 /// model place itself, which neither framework's files do) and KIND_CPU run
 /// on the CPU; KIND_GPU runs `count`
 /// instances on each of `gpus` (all GPUs when empty), and is refused rather
-/// than silently served on the CPU where no GPU can serve.
-fn placements(
+/// than silently served on the CPU where no GPU can serve. Each placement
+/// comes with the index of the group that asked for it.
+fn placed(
     config: &ModelConfig,
     framework: BackendKind,
     gpus: &Result<usize, String>,
-) -> Result<Vec<Placement>, String> {
+) -> Result<Vec<(Placement, Option<usize>)>, String> {
     let usable = *gpus.as_ref().unwrap_or(&0);
     if config.instance_group.is_empty() {
+        let ungrouped = |at: Placement| (at, None);
         return Ok(match framework {
-            BackendKind::Remote => vec![Placement::Cpu; REMOTE_INSTANCES],
-            _ if usable > 0 => (0..usable).map(Placement::Gpu).collect(),
-            _ => vec![Placement::Cpu],
+            BackendKind::Remote => vec![ungrouped(Placement::Cpu); REMOTE_INSTANCES],
+            _ if usable > 0 => (0..usable).map(|i| ungrouped(Placement::Gpu(i))).collect(),
+            _ => vec![ungrouped(Placement::Cpu)],
         });
     }
     let mut all = Vec::new();
-    for group in &config.instance_group {
+    for (index, group) in config.instance_group.iter().enumerate() {
         let name = if group.name.is_empty() { "(unnamed)" } else { &group.name };
         let count = match group.count {
             0 => 1,
@@ -267,7 +290,7 @@ fn placements(
         // A listed GPU that cannot serve is named first, whatever the reason.
         let unusable = group.gpus.iter().find(|&&g| usize::try_from(g).map_or(true, |id| id >= usable));
         if !on_gpu {
-            all.extend(std::iter::repeat_n(Placement::Cpu, count.min(MAX_INSTANCES + 1)));
+            all.extend(std::iter::repeat_n((Placement::Cpu, Some(index)), count.min(MAX_INSTANCES + 1)));
         } else if let Some(g) = unusable {
             let why = gpus.as_ref().map_or_else(Clone::clone, |n| format!("{n} are usable (ids from 0)"));
             return Err(format!(
@@ -282,7 +305,7 @@ fn placements(
                 group.gpus.iter().filter_map(|&g| usize::try_from(g).ok()).collect()
             };
             for id in ids {
-                all.extend(std::iter::repeat_n(Placement::Gpu(id), count.min(MAX_INSTANCES + 1)));
+                all.extend(std::iter::repeat_n((Placement::Gpu(id), Some(index)), count.min(MAX_INSTANCES + 1)));
             }
         }
         if all.len() > MAX_INSTANCES {
@@ -330,6 +353,15 @@ fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOpti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where `config`'s instances are placed, their groups left out.
+    fn placements(
+        config: &ModelConfig,
+        framework: BackendKind,
+        gpus: &Result<usize, String>,
+    ) -> Result<Vec<Placement>, String> {
+        placed(config, framework, gpus).map(|all| all.into_iter().map(|(at, _)| at).collect())
+    }
 
     fn config(text: &str) -> ModelConfig {
         config::parse(&format!("name: \"m\" {text}")).unwrap()

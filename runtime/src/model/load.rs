@@ -14,6 +14,7 @@ use crate::metrics::{ModelMetrics, PluginMetrics};
 use crate::plugin::{ModelInfo, Plugin, PluginHost};
 use crate::repository::{self, ModelDir};
 use crate::scheduler::Scheduler;
+use crate::scheduler::rate_limiter::{InstanceLimits, Registration};
 use crate::scheduler::sequence::SequenceScheduler;
 
 use super::cache::{self, ResponseCache};
@@ -42,6 +43,8 @@ pub struct ModelParts<'a> {
     pub metrics: ModelMetrics,
     /// The model's plugin, if it has one.
     pub plugin: Option<Arc<Plugin>>,
+    /// The instances' place in the rate limiter, when it is on.
+    pub rate_limited: Option<Registration>,
 }
 
 /// The response cache a model with `config` uses: the server's when the
@@ -85,8 +88,9 @@ impl Model {
         let scheduling = Scheduling::from_config(config, &dir.path)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
-        let instances::Instances { backends: instances, device_bytes } =
+        let instances::Instances { backends: instances, limits, device_bytes } =
             instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
+        let rate_limited = rate_limited(&dir.name, config, &limits, rt)?;
         let backend = &instances[0];
         let (inputs, outputs) = check::client_tensors(&scheduling, &signature, backend.inputs(), backend.outputs())?;
         check::complete_and_check(&mut signature, &inputs, &outputs)?;
@@ -138,6 +142,7 @@ impl Model {
             scheduling,
             metrics,
             plugin,
+            rate_limited,
         });
         model.labels = labels;
         model.plugin_samples = plugin_samples;
@@ -151,14 +156,19 @@ impl Model {
     /// This is the seam where tests put fake backends behind a real
     /// scheduler.
     pub fn new(parts: ModelParts<'_>) -> Model {
-        let ModelParts { name, version, config, signature, instances, scheduling, metrics, plugin } = parts;
+        let ModelParts { name, version, config, signature, instances, scheduling, metrics, plugin, rate_limited } =
+            parts;
         let batcher = match scheduling {
             Scheduling::Dynamic(policy) => {
-                Batcher::Dynamic(Scheduler::start(name, policy, instances.clone(), metrics.clone()))
+                Batcher::Dynamic(Scheduler::start(name, policy, instances.clone(), metrics.clone(), rate_limited))
             }
-            Scheduling::Sequence(policy) => {
-                Batcher::Sequence(SequenceScheduler::start(name, policy, instances.clone(), metrics.clone()))
-            }
+            Scheduling::Sequence(policy) => Batcher::Sequence(SequenceScheduler::start(
+                name,
+                policy,
+                instances.clone(),
+                metrics.clone(),
+                rate_limited,
+            )),
         };
         Model {
             name: name.to_owned(),
@@ -198,6 +208,34 @@ impl Model {
             cache: None,
             plugin_samples: Vec::new(),
             device_bytes: BTreeMap::new(),
+        }
+    }
+}
+
+/// The instances of model `name` (asking `limits` each) registered with the
+/// server's rate limiter, when it is on and one of them lists resources
+/// (one that lists none is never limited). When it is off, a
+/// configuration's `rate_limiter` settings are not applied, as in Triton,
+/// and the log says so.
+///
+/// # Errors
+/// Triton's texts when the rate limiter's resources cannot serve the
+/// instances (an explicit count below an instance's need, a resource both
+/// global and per device): the load fails.
+fn rate_limited(
+    name: &str,
+    config: &ModelConfig,
+    limits: &[InstanceLimits],
+    rt: &Runtimes,
+) -> Result<Option<Registration>, String> {
+    match &rt.rate_limiter {
+        Some(limiter) if limits.iter().any(InstanceLimits::limited) => limiter.register(limits).map(Some),
+        Some(_) => Ok(None),
+        None => {
+            if config.instance_group.iter().any(|g| g.rate_limiter.is_some()) {
+                tracing::info!(model = name, "rate_limiter settings not applied: --rate-limit is off");
+            }
+            Ok(None)
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct Runtimes {
     /// The server's response cache (`--cache-config`), for the models that
     /// enable it.
     pub response_cache: Option<Arc<ResponseCache>>,
+    /// The rate limiter every model's instances pass through
+    /// (`--rate-limit=execution_count`); `None` when it is off.
+    pub rate_limiter: Option<Arc<crate::scheduler::rate_limiter::RateLimiter>>,
 }
 
 impl Runtimes {
@@ -61,6 +64,7 @@ impl Runtimes {
             metrics: Arc::new(Metrics::with_gpus(gpus.clone())),
             gpus,
             response_cache: None,
+            rate_limiter: None,
         })
     }
 }

@@ -369,6 +369,10 @@ mod tests {
     struct OneRegion;
 
     impl Regions for OneRegion {
+        fn check(&self, at: &RegionRef) -> Result<(), Error> {
+            self.read(at).map(drop)
+        }
+
         fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
             let bytes: Vec<u8> = (1..=8).collect();
             match at.region.as_str() {

@@ -92,34 +92,43 @@ pub fn input_tensor(
 ) -> Result<Tensor, Error> {
     let bad = |m: String| Error::InvalidArgument(format!("input '{name}': {m}"));
     let datatype = request_datatype(datatype, &shape).map_err(bad)?;
-    // The place first, then its size, in Triton's order.
-    let data = regions.read(at)?;
+    // The place first, then its size, in Triton's order; both before a
+    // byte is copied, so a place larger than the shape costs nothing.
+    regions.check(at)?;
     if let Some(size) = datatype.element_size() {
         let expected = element_count(&shape).and_then(|n| n.checked_mul(size));
-        if expected != Some(data.len()) {
+        if expected.is_none_or(|n| n as u64 != at.byte_size) {
             return Err(Error::InvalidArgument(format!(
                 "input byte size mismatch for input '{name}' for model '{model}'. Expected {}, got {} (shape {shape:?} of {datatype}, \
                  from shared memory region '{}')",
                 expected.map_or_else(|| "more than fits in memory".to_owned(), |n| n.to_string()),
-                data.len(),
+                at.byte_size,
                 at.region
             )));
         }
     }
+    let data = regions.read(at)?;
     let tensor = Tensor { data, name, datatype, shape };
     tensor.check_data().map_err(|m| Error::InvalidArgument(format!("shared memory data of {m}")))?;
     Ok(tensor)
 }
 
-/// Reads tensors out of the registered regions; the server's registry
-/// implements it.
+/// Reads tensors out of the registered regions, for one request; the
+/// server's registry implements it.
 pub trait Regions {
-    /// A copy of the `byte_size` bytes `at` names.
+    /// Whether `at` names a registered region and a range within it.
     ///
     /// # Errors
     /// Triton's: [`Error::NotFound`] `Unable to find shared memory region:
     /// 'N'` for a region not registered, [`Error::InvalidArgument`] for an
     /// offset or size past the region's end.
+    fn check(&self, at: &RegionRef) -> Result<(), Error>;
+
+    /// A copy of the `byte_size` bytes `at` names.
+    ///
+    /// # Errors
+    /// As [`Regions::check`]; [`Error::InvalidArgument`] when the request's
+    /// inputs would read more than the server lets one request read.
     fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error>;
 }
 
@@ -129,7 +138,11 @@ pub struct NoRegions;
 
 #[cfg(test)]
 impl Regions for NoRegions {
-    fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+    fn check(&self, at: &RegionRef) -> Result<(), Error> {
         Err(Error::NotFound(format!("Unable to find shared memory region: '{}'", at.region)))
+    }
+
+    fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
+        self.check(at).map(|()| Vec::new())
     }
 }

@@ -19,6 +19,7 @@ mod ordering;
 pub mod policy;
 mod queue;
 pub mod ragged;
+pub mod rate_limiter;
 pub mod sequence;
 
 use std::panic::AssertUnwindSafe;
@@ -31,6 +32,7 @@ use tokio::sync::oneshot;
 use self::ordering::Ordering;
 use self::policy::{OnTimeout, Policy, RequestOptions};
 use self::queue::{Entry, Next, Queue};
+use self::rate_limiter::Registration;
 use crate::backend::{Backend, BackendError};
 use crate::error::{Error, Overload};
 use crate::metrics::{Compute, FailureReason, ModelMetrics};
@@ -78,6 +80,8 @@ struct Shared {
     /// `preserve_ordering`: releases answers in arrival order.
     ordering: Option<Ordering>,
     metrics: ModelMetrics,
+    /// With `--rate-limit=execution_count`: the instances' turns.
+    limited: Option<Registration>,
 }
 
 /// Schedules the requests of one model version onto its instances.
@@ -89,8 +93,15 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts one worker thread per instance.
-    pub fn start(model: &str, policy: Policy, instances: Vec<Arc<dyn Backend>>, metrics: ModelMetrics) -> Scheduler {
+    /// Starts one worker thread per instance; with `limited`, each
+    /// execution waits for its instance's turn in the rate limiter.
+    pub fn start(
+        model: &str,
+        policy: Policy,
+        instances: Vec<Arc<dyn Backend>>,
+        metrics: ModelMetrics,
+        limited: Option<Registration>,
+    ) -> Scheduler {
         let count = instances.len();
         let shared = Arc::new(Shared {
             model: model.to_owned(),
@@ -101,6 +112,7 @@ impl Scheduler {
             ordering: policy.preserve_ordering.then(Ordering::default),
             policy,
             metrics,
+            limited,
         });
         let workers = (0..count)
             .map(|i| {
@@ -272,12 +284,35 @@ impl Shared {
         removed
     }
 
-    /// A worker: runs batches on instance `i` until the scheduler closes.
+    /// A worker: runs batches on instance `i` until the scheduler closes,
+    /// each in its turn when the rate limiter applies.
     fn work(&self, i: usize) {
         let slot = &self.slots[i];
-        while let Some(batch) = self.next_batch() {
-            let _running = slot.running.lock().unwrap_or_else(|p| p.into_inner());
-            self.execute(&*slot.instance, batch);
+        let turns = self.limited.as_ref().map(|r| (r, i));
+        rate_limiter::work(
+            turns,
+            || self.next_batch(),
+            || self.try_next_batch(),
+            |batch, waited| {
+                self.metrics.rate_limited(waited, batch.len());
+                let _running = slot.running.lock().unwrap_or_else(|p| p.into_inner());
+                self.execute(&*slot.instance, batch);
+            },
+        );
+    }
+
+    /// The next batch if one is ready now (the queue's policy runs it).
+    fn try_next_batch(&self) -> Option<Vec<Entry<Job>>> {
+        let mut state = self.lock();
+        if state.closed {
+            return None;
+        }
+        match state.queue.next(&self.policy, Instant::now()) {
+            Next::Run(batch) => {
+                self.metrics.pending().sub(batch.len() as i64);
+                Some(batch)
+            }
+            Next::Wait(_) => None,
         }
     }
 
@@ -287,7 +322,8 @@ impl Shared {
     fn run_inline(&self, inputs: Vec<Tensor>, rows: usize) -> Result<Reply, Vec<Tensor>> {
         let mean = self.infer_us.load(std::sync::atomic::Ordering::Relaxed);
         let fast = mean > 0 && mean <= INLINE_INFER.as_micros() as u64;
-        if !fast || !self.policy.runs_a_lone_request_at_once() || self.ordering.is_some() {
+        let limited = self.limited.is_some();
+        if !fast || !self.policy.runs_a_lone_request_at_once() || self.ordering.is_some() || limited {
             return Err(inputs);
         }
         let state = self.lock();
@@ -514,7 +550,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let instances: Vec<Arc<dyn Backend>> = vec![backend.clone()];
         let policy = Policy::from_config(&config).unwrap();
-        let scheduler = Arc::new(Scheduler::start("m", policy, instances, metrics.for_model("m", 1)));
+        let scheduler = Arc::new(Scheduler::start("m", policy, instances, metrics.for_model("m", 1), None));
         Fixture { scheduler, backend, gate, metrics }
     }
 

@@ -108,6 +108,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .layer(DefaultBodyLimit::max(service.max_body_bytes))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::map_response(explain_unsupported_encoding))
+        .layer(middleware::from_fn_with_state(service.clone(), read_small_bodies_first))
         .layer(middleware::from_fn_with_state(service.clone(), refuse_announced_excess))
         .layer(middleware::map_response_with_state(service.clone(), close_when_shutting_down))
         .with_state(service)
@@ -204,6 +205,34 @@ async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: R
             response
         }
         _ => next.run(request).await,
+    }
+}
+
+/// The largest body [`read_small_bodies_first`] reads before routing.
+const READ_FIRST_BYTES: u64 = 64 * 1024;
+
+/// Reads a body of at most [`READ_FIRST_BYTES`] (by its `Content-Length`)
+/// whole before the request is routed, so that every answer, a refusal
+/// that never looks at the body included (403 of a restricted API, 404,
+/// 503 at shutdown), comes after the client's whole request: over HTTP/2
+/// an answer to a request still being sent ends its stream with a reset,
+/// which clients such as curl 7.88 report as a failure instead of the
+/// answer. The body's own limits apply as it is read (a body that stops
+/// arriving is a 408).
+async fn read_small_bodies_first(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    let small = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|length| length > 0 && length <= READ_FIRST_BYTES);
+    if !small {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, READ_FIRST_BYTES as usize).await {
+        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Err(e) => routes::unreadable_body(&service, &e).into_response(),
     }
 }
 

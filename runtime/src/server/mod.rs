@@ -5,6 +5,7 @@
 //! [`serve`], which starts them, runs the start-up loads and polling, and
 //! shuts down gracefully.
 
+pub mod body_timeout;
 mod error;
 mod grpc;
 pub mod http;
@@ -20,6 +21,7 @@ mod shutdown;
 pub mod status;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,6 +31,7 @@ use crate::lifecycle::{ControlMode, Lifecycle, LoadingOptions};
 
 pub use error::ApiError;
 pub use http::router;
+pub use listeners::settings::{self as listener_settings, GrpcListener, HttpListener};
 pub use service::Service;
 
 /// Everything `plinth serve` needs, from flags (see `cli`).
@@ -52,6 +55,14 @@ pub struct ServeOptions {
     pub http_port: u16,
     /// Largest request body accepted, in bytes (413 beyond).
     pub http_max_body_bytes: usize,
+    /// What the HTTP listener allows its clients: timeouts, connections.
+    pub http: HttpListener,
+    /// What the metrics listener allows its clients (the HTTP timeouts,
+    /// a connection limit of its own).
+    pub metrics: HttpListener,
+    /// What the gRPC listener allows its clients: handshake timeout,
+    /// keepalive, connection age, connections.
+    pub grpc: GrpcListener,
     /// Readiness also requires every model to be READY.
     pub strict_readiness: bool,
     /// How long accepted requests may take to finish after SIGTERM/SIGINT.
@@ -65,6 +76,9 @@ pub struct ServeOptions {
     pub grpc_restrictions: restrictions::Restrictions,
     /// `--allow-client-shm`: clients may register shared memory regions.
     pub allow_client_shm: bool,
+    /// `--shm-max-input-bytes`: the most bytes one request's inputs may
+    /// read from shared memory, in all.
+    pub shm_max_input_bytes: u64,
     /// `--trace-config`: which requests are traced and where their spans go.
     pub trace: crate::trace::TraceConfig,
 }
@@ -87,7 +101,8 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     service.logging = Some(logging);
     service.http_restrictions = opts.http_restrictions.clone();
     service.grpc_restrictions = opts.grpc_restrictions.clone();
-    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm);
+    let held = service.lifecycle.metrics().shared_memory.clone();
+    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm, opts.shm_max_input_bytes, held);
     service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;

@@ -116,15 +116,16 @@ pub async fn infer(
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
         .infer(&m, trace.map(|Extension(span)| span), |m| {
+            let reads = service.shared_memory.reads();
             let binary::Decoded { request, head, tensors } =
-                binary::decode(header_length, &body, (&m.name, &m.signature), &service.shared_memory)?;
+                binary::decode(header_length, &body, (&m.name, &m.signature), &reads)?;
             let places = service::output_places(&service, &head.outputs)?;
             refuse_json_only_binary_outputs(m, &head, &places)?;
             let call = InferCall::new(tensors, &head, request.id.clone(), None);
-            Ok((call, (request.id, head, places)))
+            Ok((call, (request.id, head, places, reads.into_held())))
         })
         .await?;
-    let (id, head, places) = inferred.request;
+    let (id, head, places, _inputs) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
         let form = if places.write(&t)? {
             OutputForm::SharedMemory
@@ -469,7 +470,24 @@ pub async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
 
+/// The answer to a body that could not be read: 408 when it stopped
+/// arriving (counted in `plinth_connections_slow_client_total`), else 400.
+pub(super) fn unreadable_body(service: &Service, e: &(dyn std::error::Error + 'static)) -> ApiError {
+    if let Some(stalled) = super::body_timeout::stalled(e) {
+        let metrics = &service.lifecycle.metrics().connections;
+        metrics.slow_client(crate::metrics::Listener::Http, crate::metrics::SlowClient::Body);
+        return ApiError::new(StatusCode::REQUEST_TIMEOUT, stalled.to_string());
+    }
+    ApiError::bad_request(format!("cannot read the request body: {e}"))
+}
+
+/// The answer to a body the `Bytes` extractor could not take: 408 when it
+/// stopped arriving, 413 (Triton's text) over `--http-max-body-bytes`,
+/// else the extractor's status.
 pub(super) fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
+    if super::body_timeout::stalled(&e).is_some() {
+        return unreadable_body(service, &e);
+    }
     let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         // Begins as Triton's text, which clients match on.
         let max = service.max_body_bytes;

@@ -141,6 +141,7 @@ impl Service {
     /// The service over `lifecycle`, not ready until the start-up loads are
     /// done.
     pub fn new(lifecycle: Arc<Lifecycle>, strict_readiness: bool, max_body_bytes: usize) -> Service {
+        let shared_memory = SharedMemory::new(false, max_body_bytes as u64, lifecycle.metrics().shared_memory.clone());
         Service {
             lifecycle,
             startup_done: AtomicBool::new(false),
@@ -152,7 +153,7 @@ impl Service {
             logging: None,
             http_restrictions: Restrictions::default(),
             grpc_restrictions: Restrictions::default(),
-            shared_memory: SharedMemory::new(false),
+            shared_memory,
             tracing: None,
             status: super::status::Sampler::default(),
         }

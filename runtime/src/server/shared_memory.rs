@@ -6,7 +6,12 @@
 //!
 //! The object stays open from registration to unregistration, so a client
 //! that unlinks and recreates its key meanwhile does not change what the
-//! region reads. A request holds each region it reads or writes until it
+//! region reads. One request's inputs may read at most
+//! `--shm-max-input-bytes` from the regions together (the counterpart of
+//! `--http-max-body-bytes`: an input is copied out of its region, so a
+//! client could otherwise make the server allocate as much as it
+//! registered), and the bytes each region's requests hold are counted
+//! (`plinth_shared_memory_held_bytes`). A request holds each region it reads or writes until it
 //! is done with it; unregistering a region that requests hold succeeds but
 //! takes effect when the last of them lets go (as Triton defers it): until
 //! then the region is still listed, still usable, and its name still taken.
@@ -15,10 +20,13 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus::IntGauge;
+
 use crate::error::Error;
+use crate::metrics::SharedMemoryMetrics;
 use crate::protocol::shared_memory::{RegionRef, Regions};
 use crate::tensor::Tensor;
 
@@ -38,7 +46,10 @@ const RESERVED_PREFIX: &str = "triton_python_backend_shm_region_";
 pub struct SharedMemory {
     /// `--allow-client-shm`: whether clients may register and unregister.
     allowed: bool,
+    /// `--shm-max-input-bytes`: what one request's inputs may read, in all.
+    max_input_bytes: u64,
     table: Arc<Table>,
+    metrics: SharedMemoryMetrics,
 }
 
 /// The regions by name; each entry's `Arc` count is 1 plus the requests
@@ -54,6 +65,30 @@ struct Region {
     file: File,
     /// Unregistered while requests held it: removed when the last lets go.
     awaiting_unregister: AtomicBool,
+    /// The bytes of it requests hold (`plinth_shared_memory_held_bytes`).
+    held_bytes: IntGauge,
+    /// Where that series lives, to take it out at unregistration.
+    metrics: SharedMemoryMetrics,
+}
+
+/// Bytes of a region a request holds, counted in its gauge until dropped.
+struct HeldBytes {
+    bytes: i64,
+    gauge: IntGauge,
+}
+
+impl HeldBytes {
+    fn new(region: &Region, bytes: u64) -> HeldBytes {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        region.held_bytes.add(bytes);
+        HeldBytes { bytes, gauge: region.held_bytes.clone() }
+    }
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.gauge.sub(self.bytes);
+    }
 }
 
 /// A region a request holds while it reads or writes it.
@@ -80,7 +115,9 @@ impl Drop for Held {
             drop(region);
             let last = table.get(&self.name).is_some_and(|r| Arc::as_ptr(r) == ours && Arc::strong_count(r) == 1);
             if last {
-                table.remove(&self.name);
+                if let Some(gone) = table.remove(&self.name) {
+                    gone.forget(&self.name);
+                }
                 tracing::info!(name = %self.name, "unregistered system shared memory region, its last request done");
             }
         }
@@ -109,13 +146,31 @@ pub struct RegionStatus {
 pub struct OutputRegion {
     held: Held,
     at: RegionRef,
+    _bytes: HeldBytes,
+}
+
+impl Region {
+    /// Takes the series of the region, registered as `name`, out of the
+    /// metrics: it is unregistered.
+    fn forget(&self, name: &str) {
+        self.metrics.forget(name);
+    }
 }
 
 impl SharedMemory {
     /// No regions; registration allowed when `allowed`
-    /// (`--allow-client-shm`).
-    pub fn new(allowed: bool) -> SharedMemory {
-        SharedMemory { allowed, table: Arc::new(Mutex::new(BTreeMap::new())) }
+    /// (`--allow-client-shm`); one request's inputs read at most
+    /// `max_input_bytes` from the regions (`--shm-max-input-bytes`); the
+    /// bytes requests hold counted in `metrics`.
+    pub fn new(allowed: bool, max_input_bytes: u64, metrics: SharedMemoryMetrics) -> SharedMemory {
+        SharedMemory { allowed, max_input_bytes, table: Arc::new(Mutex::new(BTreeMap::new())), metrics }
+    }
+
+    /// The regions as one request reads its inputs from them: at most
+    /// `--shm-max-input-bytes` in all, each copy counted as held by its
+    /// region until the reads are dropped (when the request is answered).
+    pub fn reads(&self) -> InputReads<'_> {
+        InputReads { shared_memory: self, read: AtomicU64::new(0), held: Mutex::new(Vec::new()) }
     }
 
     fn check_allowed(&self) -> Result<(), Error> {
@@ -170,8 +225,15 @@ impl SharedMemory {
                  {byte_size} in an object of {size} bytes)"
             )));
         }
-        let region =
-            Region { key: key.to_owned(), offset, byte_size, file, awaiting_unregister: AtomicBool::new(false) };
+        let region = Region {
+            key: key.to_owned(),
+            offset,
+            byte_size,
+            file,
+            awaiting_unregister: AtomicBool::new(false),
+            held_bytes: self.metrics.region(name),
+            metrics: self.metrics.clone(),
+        };
         regions.insert(name.to_owned(), Arc::new(region));
         tracing::info!(name, key, offset, byte_size, "registered system shared memory region");
         Ok(())
@@ -207,6 +269,8 @@ impl SharedMemory {
             if in_use {
                 region.awaiting_unregister.store(true, Ordering::Release);
                 tracing::info!(name = %n, "system shared memory region in use: unregistered when its requests are done");
+            } else {
+                region.forget(n);
             }
             in_use
         });
@@ -266,19 +330,62 @@ impl SharedMemory {
     /// # Errors
     /// As [`Regions::read`].
     pub fn output(&self, at: RegionRef) -> Result<OutputRegion, Error> {
-        Ok(OutputRegion { held: self.resolve(&at)?, at })
+        let held = self.resolve(&at)?;
+        let bytes = HeldBytes::new(held.region(), at.byte_size);
+        Ok(OutputRegion { held, at, _bytes: bytes })
     }
 }
 
-impl Regions for SharedMemory {
+/// One request's reads of its inputs from the regions: at most the
+/// server's `--shm-max-input-bytes` in all, each copy counted as held by
+/// its region while this lives.
+pub struct InputReads<'a> {
+    shared_memory: &'a SharedMemory,
+    /// Bytes read so far.
+    read: AtomicU64,
+    /// The bytes held, one entry per input read.
+    held: Mutex<Vec<HeldBytes>>,
+}
+
+impl InputReads<'_> {
+    /// The bytes held until the request is answered, apart from the
+    /// registry (a request outlives the borrow its decoding took).
+    pub fn into_held(self) -> HeldInputs {
+        HeldInputs { _held: self.held.into_inner().unwrap_or_else(|p| p.into_inner()) }
+    }
+}
+
+/// The bytes of shared memory a request's inputs were copied from, counted
+/// as held by their regions until dropped.
+pub struct HeldInputs {
+    _held: Vec<HeldBytes>,
+}
+
+impl Regions for InputReads<'_> {
+    fn check(&self, at: &RegionRef) -> Result<(), Error> {
+        self.shared_memory.resolve(at).map(drop)
+    }
+
     fn read(&self, at: &RegionRef) -> Result<Vec<u8>, Error> {
-        let held = self.resolve(at)?;
+        let held = self.shared_memory.resolve(at)?;
+        let max = self.shared_memory.max_input_bytes;
+        let before = self.read.fetch_add(at.byte_size, Ordering::Relaxed);
+        let total = before.saturating_add(at.byte_size);
+        if total > max {
+            return Err(Error::InvalidArgument(format!(
+                "reading {} bytes from shared memory region '{}' would bring this request's inputs from shared memory \
+                 to {total} bytes, more than the {max} bytes one request may read (--shm-max-input-bytes)",
+                at.byte_size, at.region
+            )));
+        }
         let region = held.region();
+        let bytes = HeldBytes::new(region, at.byte_size);
         let mut data = vec![0; at.byte_size as usize];
         region
             .file
             .read_exact_at(&mut data, region.offset + at.offset)
             .map_err(|e| Error::Internal(format!("reading shared memory region '{}': {e}", at.region)))?;
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).push(bytes);
         Ok(data)
     }
 }
@@ -368,11 +475,11 @@ mod tests {
     #[test]
     fn tensors_go_through_a_registered_range() {
         let object = Object::new("range", 4096 + 64);
-        let shm = SharedMemory::new(true);
+        let shm = SharedMemory::new(true, u64::MAX, SharedMemoryMetrics::detached());
         shm.register("r", &object.0, 4096, 64).unwrap();
         let out = shm.output(at("r", 8, 8)).unwrap();
         out.write("y", &[1, 2, 3, 4]).unwrap();
-        assert_eq!(shm.read(&at("r", 8, 4)).unwrap(), [1, 2, 3, 4]);
+        assert_eq!(shm.reads().read(&at("r", 8, 4)).unwrap(), [1, 2, 3, 4]);
         let e = out.write("y", &[0; 9]).unwrap_err().to_string();
         assert!(e.contains("output 'y' (8 bytes) should be at least 9 bytes"), "{e}");
         let file = std::fs::read(PathBuf::from(SHM_DIR).join(&object.0[1..])).unwrap();
@@ -386,7 +493,7 @@ mod tests {
     #[test]
     fn ranges_and_registrations_are_checked_with_triton_texts() {
         let object = Object::new("checks", 64);
-        let shm = SharedMemory::new(true);
+        let shm = SharedMemory::new(true, u64::MAX, SharedMemoryMetrics::detached());
         for (offset, size) in [(0, 65), (1, 64), (64, 1), (0, 0)] {
             let e = shm.register("r", &object.0, offset, size).unwrap_err().to_string();
             assert!(e.starts_with("failed to register shared memory region 'r': invalid args"), "{e}");
@@ -401,7 +508,7 @@ mod tests {
             (at("r", 32, u64::MAX - 31), "Integer overflow detected: byte_size (18446744073709551584) + offset (32)"),
         ];
         for (place, message) in cases {
-            let e = shm.read(&place).unwrap_err().to_string();
+            let e = shm.reads().read(&place).unwrap_err().to_string();
             assert!(e.starts_with(message), "{e}");
         }
         for key in ["/", "///"] {
@@ -419,7 +526,7 @@ mod tests {
     #[test]
     fn unregistering_is_idempotent_and_needs_the_flag() {
         let object = Object::new("unregister", 64);
-        let shm = SharedMemory::new(true);
+        let shm = SharedMemory::new(true, u64::MAX, SharedMemoryMetrics::detached());
         shm.unregister(Some("never")).unwrap();
         shm.register("a", &object.0, 0, 64).unwrap();
         shm.register("b", &object.0, 0, 32).unwrap();
@@ -428,7 +535,7 @@ mod tests {
         shm.unregister(Some("a")).unwrap();
         held.write("y", &[9; 4]).unwrap();
         assert_eq!(shm.status(None).unwrap().len(), 2, "a held region stays until its requests are done");
-        assert!(shm.read(&at("a", 0, 4)).is_ok(), "and is still usable");
+        assert!(shm.reads().read(&at("a", 0, 4)).is_ok(), "and is still usable");
         assert!(matches!(shm.register("a", &object.0, 0, 64), Err(Error::AlreadyExists(_))));
         drop(held);
         assert_eq!(shm.status(None).unwrap().len(), 2);
@@ -438,10 +545,41 @@ mod tests {
         assert!(shm.status(None).unwrap().is_empty());
         assert!(matches!(shm.status(Some("a")), Err(Error::NotFound(_))));
 
-        let off = SharedMemory::new(false);
+        let off = SharedMemory::new(false, u64::MAX, SharedMemoryMetrics::detached());
         for e in [off.register("a", &object.0, 0, 64).unwrap_err(), off.unregister(None).unwrap_err()] {
             assert!(e.to_string().starts_with("Client shared memory is disabled."), "{e}");
         }
         assert!(off.status(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_request_reads_at_most_its_limit_and_its_copies_count_as_held() {
+        let object = Object::new("limit", 4096);
+        let metrics = crate::metrics::Metrics::new();
+        let shm = SharedMemory::new(true, 1000, metrics.shared_memory.clone());
+        shm.register("r", &object.0, 0, 4096).unwrap();
+        let held = |m: &crate::metrics::Metrics| {
+            let text = m.render();
+            let prefix = "plinth_shared_memory_held_bytes{region=\"r\"} ";
+            text.lines().find_map(|l| l.strip_prefix(prefix)).map(|v| v.parse::<i64>().unwrap())
+        };
+        assert_eq!(held(&metrics), Some(0));
+        let reads = shm.reads();
+        assert_eq!(reads.read(&at("r", 0, 600)).unwrap().len(), 600);
+        let e = reads.read(&at("r", 600, 401)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "reading 401 bytes from shared memory region 'r' would bring this request's inputs from shared memory to \
+             1001 bytes, more than the 1000 bytes one request may read (--shm-max-input-bytes)"
+        );
+        let e = shm.reads().read(&at("r", 0, 4096)).unwrap_err().to_string();
+        assert!(e.contains("more than the 1000 bytes one request may read"), "{e}");
+        let output = shm.output(at("r", 1000, 100)).unwrap();
+        let request = reads.into_held();
+        assert_eq!(held(&metrics), Some(700), "the input's copy and the output's place");
+        drop((request, output));
+        assert_eq!(held(&metrics), Some(0));
+        shm.unregister(Some("r")).unwrap();
+        assert_eq!(held(&metrics), None, "the series leaves with the region");
     }
 }

@@ -28,6 +28,7 @@ use tokio::sync::oneshot;
 use self::policy::{SequencePolicy, Strategy};
 use self::rows::RowInputs;
 use super::Timing;
+use super::rate_limiter::{self, Registration};
 use crate::backend::{Backend, BackendError};
 use crate::error::Error;
 use crate::metrics::{Compute, FailureReason, ModelMetrics, SequenceEnd};
@@ -195,6 +196,8 @@ struct Shared {
     /// scheduler closed.
     wake: Condvar,
     metrics: ModelMetrics,
+    /// With `--rate-limit=execution_count`: the instances' turns.
+    limited: Option<Registration>,
 }
 
 /// Schedules the requests of one sequence model version onto its
@@ -212,8 +215,11 @@ impl SequenceScheduler {
         policy: SequencePolicy,
         instances: Vec<Arc<dyn Backend>>,
         metrics: ModelMetrics,
+        limited: Option<Registration>,
     ) -> SequenceScheduler {
-        let shared = Arc::new(Shared::new(model, policy, instances.len(), metrics));
+        let mut shared = Shared::new(model, policy, instances.len(), metrics);
+        shared.limited = limited;
+        let shared = Arc::new(shared);
         let workers = super::spawn_workers(&format!("{model}-seq"), instances, {
             let shared = shared.clone();
             move |i, instance| shared.work(i, instance)
@@ -347,6 +353,7 @@ impl Shared {
             initial: policy.states.iter().map(|s| s.initial.clone()).collect(),
             policy,
             metrics,
+            limited: None,
         }
     }
 
@@ -524,11 +531,30 @@ impl Shared {
         state.sequences.iter().filter(|(id, s)| reaped(id, s)).map(|(_, s)| s.last_seen + max_idle).min()
     }
 
-    /// A worker: runs executions on instance `i` until the scheduler closes.
+    /// A worker: runs executions on instance `i` until the scheduler
+    /// closes, each in its turn when the rate limiter applies.
     fn work(&self, i: usize, instance: &dyn Backend) {
-        while let Some(rows) = self.next_rows(i) {
-            self.execute(instance, rows);
+        let turns = self.limited.as_ref().map(|r| (r, i));
+        rate_limiter::work(
+            turns,
+            || self.next_rows(i),
+            || self.try_next_rows(i),
+            |rows, waited| {
+                self.metrics.rate_limited(waited, rows.iter().filter(|r| r.job.is_some()).count());
+                self.execute(instance, rows);
+            },
+        );
+    }
+
+    /// Instance `i`'s next execution if one can run now.
+    fn try_next_rows(&self, i: usize) -> Option<Vec<Row>> {
+        let mut state = self.lock();
+        if state.closed {
+            return None;
         }
+        let rows = self.pick(&mut state, i, Instant::now()).ok()?;
+        self.metrics.pending().sub(rows.iter().filter(|r| r.job.is_some()).count() as i64);
+        Some(rows)
     }
 
     /// Waits for the next execution on instance `i`; `None` once closed.

@@ -99,7 +99,7 @@ fn fixture(max_batch_size: usize, strategy_and_idle: &str, gate: Option<Arc<Gate
     let backend = Arc::new(Accumulator::new(gate));
     let metrics = Metrics::new().for_model("acc", 1);
     let instances: Vec<Arc<dyn Backend>> = vec![backend.clone()];
-    let scheduler = Arc::new(SequenceScheduler::start("acc", policy, instances, metrics.clone()));
+    let scheduler = Arc::new(SequenceScheduler::start("acc", policy, instances, metrics.clone(), None));
     Fixture { scheduler, backend, metrics }
 }
 

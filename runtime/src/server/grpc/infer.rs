@@ -80,13 +80,14 @@ async fn infer(
     let id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = service
         .infer(&m, trace, |_| {
-            let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &service.shared_memory)?;
+            let reads = service.shared_memory.reads();
+            let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &reads)?;
             let places = service::output_places(service, &decoded.head.outputs)?;
             let sequence = decoded.head.parameters.sequence.clone();
-            Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (places, sequence)))
+            Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (places, sequence, reads.into_held())))
         })
         .await?;
-    let (places, sequence) = inferred.request;
+    let (places, sequence, _inputs) = inferred.request;
     let outputs = inferred
         .outputs
         .into_iter()

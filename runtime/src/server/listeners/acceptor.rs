@@ -1,6 +1,8 @@
-//! Accepting connections so that shutdown never resets one: a closing
+//! Accepting connections so that shutdown never resets one (a closing
 //! listener first stops answering handshakes, accepts what the kernel
-//! already took, and only then closes its socket.
+//! already took, and only then closes its socket), and no more of them at
+//! once than the listener's limit: the excess is closed at accept, so the
+//! process keeps descriptors for the connections it serves.
 
 use std::collections::VecDeque;
 use std::io;
@@ -11,22 +13,74 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::connection::Conn;
-use crate::drain::InUse;
+use crate::drain::{Hold, InUse};
+use crate::metrics::{Listener, Metrics};
 
 /// How long a closing listener, no longer answering new handshakes, still
 /// accepts: a handshake it answered just before completes within one round
 /// trip, and would be reset if the socket closed first.
 const HANDSHAKE_LINGER: Duration = Duration::from_millis(250);
 
+/// How often, at most, a listener logs the connections it refused at its
+/// limit (each line says how many since the last).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Which server an [`Acceptor`] accepts for.
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Kind {
-    /// HTTP/1 (and HTTP/2) through hyper: hyper's bodyless error answers
-    /// are given a JSON body.
+    /// HTTP/1 (and HTTP/2) through hyper, in plain text: a connection
+    /// refused at the limit is answered 503 first.
     Http,
-    /// gRPC: TCP_NODELAY, or small answers wait for the peer's delayed ACK (~40 ms).
+    /// HTTPS: a connection refused at the limit is closed.
+    Https,
+    /// gRPC: TCP_NODELAY, or small answers wait for the peer's delayed ACK
+    /// (~40 ms); a connection refused at the limit is closed.
     Grpc,
+}
+
+/// The answer of a plain HTTP connection refused at the limit.
+const REFUSED_ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+connection: close\r\nretry-after: 1\r\ncontent-length: 76\r\n\r\n\
+{\"error\":\"the server holds its maximum of connections; retry on a new one\"}\n";
+
+/// A connection taken from the kernel, with its places in the listener's
+/// counts; `S` is its stream (TCP, until a TLS handshake wraps it).
+pub(super) struct Accepted<S = TcpStream> {
+    /// The connection.
+    pub stream: S,
+    /// Held until the connection's first read (shutdown waits for that).
+    pub fresh: Hold,
+    /// Held while the connection is open (the listener's limit).
+    pub open: Hold,
+    /// When it was accepted: its opening deadline counts from here.
+    pub at: Instant,
+}
+
+impl<S> Accepted<S> {
+    /// The same connection over the stream `wrap` makes of its own.
+    pub(super) fn map<T>(self, wrap: impl FnOnce(S) -> T) -> Accepted<T> {
+        Accepted { stream: wrap(self.stream), fresh: self.fresh, open: self.open, at: self.at }
+    }
+}
+
+/// How many connections a listener holds at most, and where it reports
+/// the ones it refused.
+pub(super) struct Limit {
+    /// Connections open at once.
+    pub max: usize,
+    /// The flag that sets `max`, for the log.
+    pub flag: &'static str,
+    /// The listener, as the metrics name it.
+    pub listener: Listener,
+    /// Where refusals are counted.
+    pub metrics: std::sync::Arc<Metrics>,
+}
+
+/// Refusals since the last log line about them.
+#[derive(Default)]
+struct Refusals {
+    logged: Option<Instant>,
+    since: u64,
 }
 
 /// The other side of an [`Acceptor`]: tells it to close, hears when it
@@ -54,8 +108,11 @@ pub(super) struct Acceptor {
     /// Set once told to close: when the socket closes.
     close_at: Option<Instant>,
     /// Connections taken from the queue at close, not yet handed out.
-    queue: VecDeque<(Conn, SocketAddr)>,
+    queue: VecDeque<(Accepted, SocketAddr)>,
     fresh: InUse,
+    open: InUse,
+    limit: Limit,
+    refusals: Refusals,
 }
 
 /// What woke an [`Acceptor`].
@@ -66,15 +123,17 @@ enum Event {
 }
 
 impl Acceptor {
-    /// An acceptor of `listener` for `kind`, and its controls.
+    /// An acceptor of `listener` for `kind` that holds at most `limit`
+    /// connections, and its controls.
     ///
     /// # Errors
     /// When the socket's address cannot be read.
-    pub(super) fn new(listener: TcpListener, kind: Kind) -> Result<(Acceptor, Controls), String> {
+    pub(super) fn new(listener: TcpListener, kind: Kind, limit: Limit) -> Result<(Acceptor, Controls), String> {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (close, close_rx) = watch::channel(false);
         let (closed_tx, closed) = oneshot::channel();
         let fresh = InUse::default();
+        let open = InUse::default();
         let acceptor = Acceptor {
             listener: Some(listener),
             addr,
@@ -84,12 +143,15 @@ impl Acceptor {
             close_at: None,
             queue: VecDeque::new(),
             fresh: fresh.clone(),
+            open: open.clone(),
+            limit,
+            refusals: Refusals::default(),
         };
         Ok((acceptor, Controls { close, closed, fresh }))
     }
 
-    /// The next connection; after the socket closed, never.
-    pub(super) async fn next(&mut self) -> (Conn, SocketAddr) {
+    /// The next connection within the limit; after the socket closed, never.
+    pub(super) async fn next(&mut self) -> (Accepted, SocketAddr) {
         loop {
             if let Some(next) = self.queue.pop_front() {
                 return next;
@@ -108,7 +170,13 @@ impl Acceptor {
                 },
             };
             match event {
-                Event::Accepted(Ok((stream, addr))) => return (self.conn(stream), addr),
+                Event::Accepted(Ok((stream, addr))) => {
+                    if self.open.count() >= self.limit.max {
+                        self.refuse(stream);
+                        continue;
+                    }
+                    return (self.accepted(stream), addr);
+                }
                 Event::Accepted(Err(e)) => accept_error(e).await,
                 Event::Close => {
                     refuse_handshakes(listener);
@@ -119,11 +187,36 @@ impl Acceptor {
         }
     }
 
-    fn conn(&self, stream: TcpStream) -> Conn {
+    fn accepted(&self, stream: TcpStream) -> Accepted {
         if self.kind == Kind::Grpc {
             let _ = stream.set_nodelay(true);
         }
-        Conn::new(stream, self.fresh.hold(), self.kind == Kind::Http)
+        Accepted { stream, fresh: self.fresh.hold(), open: self.open.hold(), at: Instant::now() }
+    }
+
+    /// Closes `stream`, over the limit: what the client already sent is
+    /// read (so the close is no reset), a plain HTTP client is answered
+    /// 503, and the refusal is counted and logged (at most once every
+    /// [`REFUSAL_LOG_INTERVAL`]).
+    fn refuse(&mut self, stream: TcpStream) {
+        let mut scratch = [0u8; 4096];
+        while matches!(stream.try_read(&mut scratch), Ok(n) if n > 0) {}
+        if self.kind == Kind::Http {
+            let _ = stream.try_write(REFUSED_ANSWER);
+        }
+        drop(stream);
+        let Limit { max, flag, listener, metrics } = &self.limit;
+        metrics.connections.refused(*listener);
+        self.refusals.since += 1;
+        let now = Instant::now();
+        if self.refusals.logged.is_none_or(|at| now - at >= REFUSAL_LOG_INTERVAL) {
+            tracing::warn!(
+                listener = listener.label(),
+                "refused {} connection(s) at accept: the listener holds its maximum of {max} ({flag})",
+                self.refusals.since
+            );
+            self.refusals = Refusals { logged: Some(now), since: 0 };
+        }
     }
 
     /// Takes every connection still queued, then closes the socket.
@@ -135,8 +228,8 @@ impl Acceptor {
                     Ok((stream, addr)) => {
                         match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
                             Ok(stream) => {
-                                let conn = self.conn(stream);
-                                self.queue.push_back((conn, addr));
+                                let accepted = self.accepted(stream);
+                                self.queue.push_back((accepted, addr));
                             }
                             Err(e) => tracing::warn!("cannot serve a connection accepted at shutdown: {e}"),
                         }
@@ -155,19 +248,6 @@ impl Acceptor {
         if let Some(closed) = self.closed.take() {
             let _ = closed.send(());
         }
-    }
-}
-
-impl axum::serve::Listener for Acceptor {
-    type Io = Conn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Conn, SocketAddr) {
-        self.next().await
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.addr)
     }
 }
 
@@ -228,17 +308,38 @@ fn refuse_handshakes(_listener: &TcpListener) {}
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use std::io::{Read, Write};
+    use std::sync::Arc;
 
     use tokio::io::AsyncReadExt;
 
+    use super::super::connection::Conn;
+    use super::super::opening::Opening;
+    use super::super::report::Reporting;
     use super::*;
+
+    fn limit(max: usize, metrics: &Arc<Metrics>) -> Limit {
+        Limit { max, flag: "--http-max-connections", listener: Listener::Http, metrics: metrics.clone() }
+    }
+
+    /// The server's side of `accepted`, as the HTTP server reads it.
+    fn conn(accepted: Accepted, metrics: &Arc<Metrics>) -> Conn {
+        let accepted = accepted.map(super::super::transport::Transport::Plain);
+        let opening = Opening::new(Instant::now() + Duration::from_secs(600), Duration::from_secs(600));
+        let reporting = Reporting {
+            listener: Listener::Http,
+            metrics: metrics.clone(),
+            opening_flag: "--http-header-read-timeout",
+        };
+        Conn::new(accepted, opening, reporting, true)
+    }
 
     #[tokio::test]
     async fn closing_takes_the_queued_connections_and_then_refuses() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (mut acceptor, mut controls) = Acceptor::new(listener, Kind::Http).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (mut acceptor, mut controls) = Acceptor::new(listener, Kind::Http, limit(100, &metrics)).unwrap();
         // Completed by the kernel, never accepted: closing the socket now
         // would reset them.
         let mut queued: Vec<_> = (0..3).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
@@ -250,12 +351,47 @@ mod tests {
         assert_eq!(controls.fresh.count(), 3, "none sent anything yet");
         for client in &mut queued {
             client.write_all(b"ping").unwrap();
-            let (mut conn, _) = acceptor.next().await;
+            let (accepted, _) = acceptor.next().await;
+            let mut conn = conn(accepted, &metrics);
             let mut got = [0u8; 4];
             conn.read_exact(&mut got).await.unwrap();
             assert_eq!(&got, b"ping", "the queued connection is served");
         }
         assert_eq!(controls.fresh.none_by(Instant::now() + Duration::from_secs(600)).await, Ok(()));
         assert_eq!(controls.fresh.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_are_answered_503_and_closed_until_one_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (mut acceptor, _controls) = Acceptor::new(listener, Kind::Http, limit(2, &metrics)).unwrap();
+        let _clients: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let first = acceptor.next().await.0;
+        let _second = acceptor.next().await.0;
+        assert_eq!(acceptor.open.count(), 2);
+        let mut excess = std::net::TcpStream::connect(addr).unwrap();
+        excess.write_all(b"GET /v2/health/ready HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let next = tokio::spawn(async move { acceptor.next().await.0 });
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut answer = String::new();
+            excess.read_to_string(&mut answer).map(|_| answer)
+        });
+        let answer = answer.await.unwrap().unwrap();
+        assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{answer}");
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{answer}");
+        let error: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(error["error"].as_str().unwrap().contains("maximum of connections"), "{body}");
+        assert!(metrics.render().contains("plinth_connections_refused_total{listener=\"http\"} 1"));
+        // Once one closes, the next is taken.
+        drop(first);
+        let mut later = std::net::TcpStream::connect(addr).unwrap();
+        let accepted = next.await.unwrap();
+        later.write_all(b"x").unwrap();
+        let mut byte = [0u8; 1];
+        conn(accepted, &metrics).read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"x", "the connection after the close is served");
     }
 }

@@ -1,8 +1,9 @@
 //! An accepted connection as the servers read and write it: counted fresh
-//! until its first read (shutdown waits for that), closed with a linger so
-//! a client's unread bytes never reset the answer, and, over HTTP, hyper's
-//! bodyless error answers given a JSON body and each request head kept
-//! within hyper's limit.
+//! until its first read (shutdown waits for that) and open until dropped
+//! (the listener's connection limit), held to its opening deadline, closed
+//! with a linger so a client's unread bytes never reset the answer, and,
+//! over HTTP, hyper's bodyless error answers given a JSON body and each
+//! request head kept within hyper's limit.
 
 use std::io;
 use std::pin::Pin;
@@ -10,10 +11,14 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::acceptor::Accepted;
+use super::opening::Opening;
+use super::report::Reporting;
+use super::transport::Transport;
 use crate::drain::Hold;
+use crate::metrics::{OpenConnection, SlowClient};
 
 /// How long a connection the server closes keeps reading, and discarding,
 /// what its client still sends (a body the answer made moot, such as that
@@ -21,14 +26,19 @@ use crate::drain::Hold;
 /// the reset can overtake the answer.
 const LINGER_ON_CLOSE: Duration = Duration::from_secs(2);
 
-/// An accepted connection: the TCP stream, plus what shutdown needs to know
-/// of it, a lingering close, and (HTTP) hyper's bodyless error answers
-/// given a JSON body.
+/// An accepted connection: its TCP or TLS stream, plus what shutdown and the
+/// connection limit need to know of it, the opening deadline, a lingering
+/// close, and (HTTP) hyper's bodyless error answers given a JSON body.
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Transport,
     /// Held until the first read returns: the first request may still be
     /// on its way.
     fresh: Option<Hold>,
+    /// Held while the connection is open: the listener's count of them.
+    _open: (Hold, OpenConnection),
+    /// Until the client has sent its opening: the deadline for it.
+    opening: Option<Opening>,
+    reporting: Reporting,
     /// Whether writes go through [`crate::server::http::explain_automatic_answer`].
     explain: bool,
     /// An answer written in place of hyper's, and how much of it is out;
@@ -41,11 +51,23 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    /// The connection `stream`, counted in `fresh` until its first read;
+    /// The connection `accepted`, counted fresh until its first read and
+    /// open until dropped, its opening due by `opening`'s deadline;
     /// `explain` gives hyper's bodyless error answers a JSON body (HTTP).
-    pub(super) fn new(stream: TcpStream, fresh: Hold, explain: bool) -> Conn {
+    pub(super) fn new(accepted: Accepted<Transport>, opening: Opening, reporting: Reporting, explain: bool) -> Conn {
         let head = explain.then(crate::server::http::HeadLimit::new);
-        Conn { stream, fresh: Some(fresh), explain, replacement: None, linger: None, head }
+        let open = reporting.metrics.connections.opened(reporting.listener);
+        Conn {
+            stream: accepted.stream,
+            fresh: Some(accepted.fresh),
+            _open: (accepted.open, open),
+            opening: Some(opening),
+            reporting,
+            explain,
+            replacement: None,
+            linger: None,
+            head,
+        }
     }
 
     /// Whether `written`, hyper's next write, is one of its bodyless error
@@ -73,10 +95,31 @@ impl Conn {
         }
         Poll::Ready(Ok(()))
     }
+
+    /// An error once the opening's deadline has passed before the client
+    /// sent it (counted and logged); the read then fails and the server
+    /// closes the connection.
+    fn poll_opening_expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let opening = self.opening.as_mut()?;
+        if opening.poll_expired(cx).is_pending() {
+            return None;
+        }
+        let timeout = opening.timeout();
+        self.opening = None;
+        let Reporting { listener, metrics, opening_flag } = &self.reporting;
+        metrics.connections.slow_client(*listener, SlowClient::Handshake);
+        let message =
+            format!("the client did not open the connection within {} s ({opening_flag})", timeout.as_secs_f64());
+        tracing::debug!(listener = listener.label(), "{message}");
+        Some(io::Error::new(io::ErrorKind::TimedOut, message))
+    }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Some(expired) = self.poll_opening_expired(cx) {
+            return Poll::Ready(Err(expired));
+        }
         let cap = self.head.and_then(|h| h.cap()).filter(|&cap| cap < buf.remaining());
         let before = buf.filled().len();
         let read = match cap {
@@ -92,8 +135,14 @@ impl AsyncRead for Conn {
                 read
             }
         };
+        let read_now = &buf.filled()[before..];
         if let Some(head) = &mut self.head {
-            head.read(&buf.filled()[before..]);
+            head.read(read_now);
+        }
+        if let Some(opening) = &mut self.opening
+            && opening.read(read_now)
+        {
+            self.opening = None;
         }
         // The connection is no longer fresh.
         self.fresh = None;
@@ -173,7 +222,7 @@ impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }
 
@@ -185,8 +234,11 @@ mod tests {
 
     use tokio::net::TcpListener;
 
+    use std::sync::Arc;
+
     use super::*;
     use crate::drain::InUse;
+    use crate::metrics::{Listener, Metrics};
 
     const HYPER_400: &[u8] =
         b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 02 Dec 2026 19:59:19 GMT\r\n\r\n";
@@ -198,8 +250,16 @@ mod tests {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
         let fresh = InUse::default();
-        let conn = Conn::new(stream, fresh.hold(), explain);
-        (client, conn, fresh)
+        let at = tokio::time::Instant::now();
+        let accepted =
+            Accepted { stream: Transport::Plain(stream), fresh: fresh.hold(), open: InUse::default().hold(), at };
+        let opening = Opening::new(at + Duration::from_secs(600), Duration::from_secs(600));
+        let reporting = Reporting {
+            listener: Listener::Http,
+            metrics: Arc::new(Metrics::new()),
+            opening_flag: "--http-header-read-timeout",
+        };
+        (client, Conn::new(accepted, opening, reporting, explain), fresh)
     }
 
     /// Everything the client reads until the server closes.
@@ -255,5 +315,41 @@ mod tests {
         let (_client, conn, accepted) = pair(true).await;
         drop(conn);
         assert_eq!(accepted.count(), 0, "a connection closed unread is no longer waited for");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_does_not_open_in_time_fails_its_read_and_is_counted() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let at = tokio::time::Instant::now();
+        let accepted = Accepted {
+            stream: Transport::Plain(stream),
+            fresh: InUse::default().hold(),
+            open: InUse::default().hold(),
+            at,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let reporting =
+            Reporting { listener: Listener::Grpc, metrics: metrics.clone(), opening_flag: "--grpc-handshake-timeout" };
+        let mut conn = Conn::new(accepted, Opening::new(at, Duration::from_millis(1)), reporting, false);
+        // Half an HTTP/2 preface, then nothing.
+        client.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let mut read = 0;
+        let error = loop {
+            match conn.read(&mut buf).await {
+                Ok(n) => read += n,
+                Err(e) => break e,
+            }
+        };
+        assert!(read <= 16);
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(error.to_string().contains("(--grpc-handshake-timeout)"), "{error}");
+        let text = metrics.render();
+        assert!(
+            text.contains("plinth_connections_slow_client_total{listener=\"grpc\",reason=\"handshake_timeout\"} 1"),
+            "{text}"
+        );
     }
 }

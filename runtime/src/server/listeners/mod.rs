@@ -1,6 +1,7 @@
 //! The three listeners: HTTP (the KServe v2 routes), Prometheus metrics,
 //! and gRPC (the KServe v2 service, gRPC health and, in modelmesh mode,
-//! ModelMesh's runtime interface).
+//! ModelMesh's runtime interface), each with its own connection limit and
+//! held to its timeouts for slow clients ([`settings`]).
 //!
 //! HTTP and gRPC accept through an [`Acceptor`], so that shutdown never
 //! resets a connection it took: closing a listening socket resets every
@@ -13,6 +14,11 @@
 
 mod acceptor;
 mod connection;
+mod opening;
+mod report;
+mod serve;
+pub mod settings;
+mod transport;
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,11 +32,17 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tonic_health::ServingStatus;
 
-use self::acceptor::{Acceptor, Controls, Kind};
+use self::acceptor::{Acceptor, Controls, Kind, Limit};
 use self::connection::Conn;
+use self::opening::Opening;
+use self::report::Reporting;
+use self::serve::HttpServer;
+use self::settings::{GrpcListener, HttpListener};
 use super::{ServeOptions, Service, grpc, modelmesh};
 use crate::drain::InUse;
 use crate::lifecycle::ControlMode;
+use crate::metrics::{Listener, Metrics};
+use crate::server::tls::{Alpn, Tls, TlsFiles};
 
 /// How often the gRPC health service checks readiness.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
@@ -95,6 +107,8 @@ impl<E> Running<E> {
 pub(super) struct Listeners {
     http: Running<io::Error>,
     grpc: Option<Running<tonic::transport::Error>>,
+    /// Serves until the process exits; held so that it is never told to stop.
+    _metrics: Option<Running<io::Error>>,
 }
 
 impl Listeners {
@@ -107,20 +121,17 @@ impl Listeners {
         let http_addr = SocketAddr::new(opts.http_address, opts.http_port);
         let listener = bind(http_addr, "HTTP").await?;
         tracing::info!("HTTP server listening on {}", local_addr(&listener)?);
-        if let Some(port) = opts.metrics_port {
-            serve_metrics(SocketAddr::new(opts.http_address, port), service).await?;
-        }
-        let grpc = match opts.grpc_port {
-            Some(port) => Some(serve_grpc(service, SocketAddr::new(opts.grpc_address, port)).await?),
+        let metrics = match opts.metrics_port {
+            Some(port) => Some(serve_metrics(SocketAddr::new(opts.http_address, port), service, opts).await?),
             None => None,
         };
-        let (acceptor, controls) = Acceptor::new(listener, Kind::Http)?;
-        let app = super::router(service.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(acceptor, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
-        });
-        Ok(Listeners { http: Running::new(controls, stop, task), grpc })
+        let grpc = match opts.grpc_port {
+            Some(port) => Some(serve_grpc(service, SocketAddr::new(opts.grpc_address, port), &opts.grpc).await?),
+            None => None,
+        };
+        let server = http_server(super::router(service.clone()), &opts.http, Listener::Http, service)?;
+        let http = serve_http(listener, server, "--http-max-connections")?;
+        Ok(Listeners { http, grpc, _metrics: metrics })
     }
 
     /// Closes the HTTP and gRPC listeners without resetting a connection
@@ -155,20 +166,80 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr, String> {
     listener.local_addr().map_err(|e| e.to_string())
 }
 
-/// `GET /metrics` on its own port, until the process exits.
-async fn serve_metrics(addr: SocketAddr, service: &Service) -> Result<(), String> {
+/// The server of an HTTP listener: `app` behind the limits of `settings`,
+/// reporting as `listener`, over TLS when the settings name its files.
+///
+/// # Errors
+/// A message naming a TLS file that cannot be read or used.
+fn http_server(
+    app: Router,
+    settings: &HttpListener,
+    listener: Listener,
+    service: &Service,
+) -> Result<HttpServer, String> {
+    let metrics = service.lifecycle.metrics();
+    let tls = start_tls(settings.tls.as_ref(), Alpn::Http, listener, metrics)?;
+    let reporting = reporting(listener, metrics, tls.is_some(), "--http-header-read-timeout");
+    Ok(HttpServer { app, settings: Arc::new(settings.clone()), reporting, tls })
+}
+
+/// The TLS of `listener` from `files`, if any, logged.
+///
+/// # Errors
+/// As [`Tls::start`].
+fn start_tls(
+    files: Option<&TlsFiles>,
+    alpn: Alpn,
+    listener: Listener,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Tls>, String> {
+    let Some(files) = files else { return Ok(None) };
+    let tls = Tls::start(files, alpn, listener, metrics).map_err(|e| format!("{} TLS: {e}", listener.label()))?;
+    let clients = if files.client_roots.is_some() { "; clients must present a certificate" } else { "" };
+    tracing::info!(listener = listener.label(), "TLS with {}{clients}", files.cert.display());
+    Ok(Some(tls))
+}
+
+/// Where the connections of `listener` report, their opening held to `flag`.
+fn reporting(listener: Listener, metrics: &Arc<Metrics>, tls: bool, flag: &'static str) -> Reporting {
+    metrics.connections.start(listener, tls);
+    Reporting { listener, metrics: metrics.clone(), opening_flag: flag }
+}
+
+/// Serves `server` on `listener`, at most its settings' connections at
+/// once (`flag` sets them).
+fn serve_http(listener: TcpListener, server: HttpServer, flag: &'static str) -> Result<Running<io::Error>, String> {
+    let limit = Limit {
+        max: server.settings.max_connections,
+        flag,
+        listener: server.reporting.listener,
+        metrics: server.reporting.metrics.clone(),
+    };
+    let kind = if server.tls.is_some() { Kind::Https } else { Kind::Http };
+    let (acceptor, controls) = Acceptor::new(listener, kind, limit)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(acceptor, stopped));
+    Ok(Running::new(controls, stop, task))
+}
+
+/// `GET /metrics` on its own port, with its own connection limit, until
+/// the process exits.
+async fn serve_metrics(addr: SocketAddr, service: &Service, opts: &ServeOptions) -> Result<Running<io::Error>, String> {
     let listener = bind(addr, "metrics").await?;
     tracing::info!("metrics listening on {}", local_addr(&listener)?);
     let metrics = service.lifecycle.metrics().clone();
     let app = Router::new().route("/metrics", get(move || async move { metrics.render() }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(())
+    serve_http(listener, http_server(app, &opts.metrics, Listener::Metrics, service)?, "--metrics-max-connections")
 }
 
 /// The KServe v2 gRPC service, the standard gRPC health service
 /// (`grpc.health.v1.Health`, SERVING while ready) and, in modelmesh mode,
 /// ModelMesh's `mmesh.ModelRuntime`.
-async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<tonic::transport::Error>, String> {
+async fn serve_grpc(
+    service: &Arc<Service>,
+    addr: SocketAddr,
+    settings: &GrpcListener,
+) -> Result<Running<tonic::transport::Error>, String> {
     use modelmesh::proto::model_runtime_server::ModelRuntimeServer;
     let listener = bind(addr, "gRPC").await?;
     tracing::info!("gRPC server listening on {}", local_addr(&listener)?);
@@ -189,24 +260,50 @@ async fn serve_grpc(service: &Arc<Service>, addr: SocketAddr) -> Result<Running<
             tokio::time::sleep(HEALTH_INTERVAL).await;
         }
     });
-    let (mut acceptor, controls) = Acceptor::new(listener, Kind::Grpc)?;
+    let metrics = service.lifecycle.metrics();
+    let tls = start_tls(settings.tls.as_ref(), Alpn::Grpc, Listener::Grpc, metrics)?;
+    let reporting = reporting(Listener::Grpc, metrics, tls.is_some(), "--grpc-handshake-timeout");
+    let limit = Limit {
+        max: settings.max_connections,
+        flag: "--grpc-max-connections",
+        listener: Listener::Grpc,
+        metrics: metrics.clone(),
+    };
+    let (mut acceptor, controls) = Acceptor::new(listener, Kind::Grpc, limit)?;
     // tonic takes a stream of connections; it ends them all once the stream
     // ends, so the stream never does: shutdown goes through `stop`.
     let (connections, incoming) = mpsc::channel::<io::Result<Conn>>(1);
+    let handshake = settings.handshake_timeout;
     tokio::spawn(async move {
         loop {
-            let conn = tokio::select! {
-                (conn, _) = acceptor.next() => conn,
+            let accepted = tokio::select! {
+                (accepted, _) = acceptor.next() => accepted,
                 () = connections.closed() => return,
             };
-            if connections.send(Ok(conn)).await.is_err() {
-                return;
-            }
+            // Each connection's handshake on its own, so a slow one holds up no other.
+            let (connections, tls, reporting) = (connections.clone(), tls.clone(), reporting.clone());
+            tokio::spawn(async move {
+                let deadline = accepted.at + handshake;
+                let Some(accepted) = transport::secure(accepted, tls.as_ref(), deadline, &reporting).await else {
+                    return;
+                };
+                let conn = Conn::new(accepted, Opening::new(deadline, handshake), reporting, false);
+                let _ = connections.send(Ok(conn)).await;
+            });
         }
     });
     let (stop, stopped) = oneshot::channel::<()>();
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(settings.keepalive_time))
+        .http2_keepalive_timeout(Some(settings.keepalive_timeout));
+    if let Some(age) = settings.max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = settings.max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
     let task = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
             .layer(grpc::Restricted::layer(service.grpc_restrictions.clone()))
             .layer(grpc::MessageLimit::layer())

@@ -1,0 +1,216 @@
+"""Slow and idle clients, over raw sockets against the real binary: a
+request head that never ends, a connection that sends nothing, half an
+HTTP/2 preface on the gRPC port, an idle keep-alive connection and a body
+that stops arriving are each ended by their timeout (counted in
+plinth_connections_slow_client_total); connections over a listener's
+limit are refused at once while the metrics port, with its own budget,
+still answers; and with the server's file limit low and more slow
+connections than it allows, readiness stays reachable.
+
+No assertion is on elapsed time: each test waits for the server to close
+the socket, or for a metric, under the hang guard."""
+
+import json
+import resource
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import HANG_GUARD_S, Plinth, wait_until
+
+
+def identity_repository(path):
+    """A repository with one identity model, `m`."""
+    (path / "m" / "1").mkdir(parents=True)
+    (path / "m" / "config.pbtxt").write_text(
+        'backend: "identity"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Plinth with one-second client timeouts and at most 16 HTTP connections."""
+    repo = identity_repository(tmp_path_factory.mktemp("repo"))
+    plinth = Plinth(repo, "--http-header-read-timeout", "1", "--http-body-read-timeout", "1",
+                    "--grpc-handshake-timeout", "1", "--http-max-connections", "16",
+                    "--metrics-max-connections", "4")
+    yield plinth
+    plinth.stop()
+
+
+def connect(address):
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=HANG_GUARD_S)
+
+
+def read_until_closed(conn):
+    """Everything the server sends until it closes the connection (a reset
+    counts as a close)."""
+    received = b""
+    try:
+        while chunk := conn.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def slow_clients(server, listener, reason):
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=HANG_GUARD_S).read().decode()
+    prefix = f'plinth_connections_slow_client_total{{listener="{listener}",reason="{reason}"}} '
+    return next(float(l[len(prefix):]) for l in text.splitlines() if l.startswith(prefix))
+
+
+def test_a_request_head_that_never_ends_is_closed_after_the_header_timeout(server):
+    before = slow_clients(server, "http", "header_timeout")
+    with connect(server.url) as conn:
+        conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
+        assert read_until_closed(conn) == b"", "closed without an answer"
+    wait_until("the slow head is counted", lambda: slow_clients(server, "http", "header_timeout") > before)
+
+
+def test_a_connection_that_sends_nothing_is_closed(server):
+    before = slow_clients(server, "http", "handshake_timeout")
+    with connect(server.url) as conn:
+        assert read_until_closed(conn) == b""
+    wait_until("the silent connection is counted",
+               lambda: slow_clients(server, "http", "handshake_timeout") > before)
+
+
+def test_half_an_http2_preface_on_the_grpc_port_is_closed(server):
+    before = slow_clients(server, "grpc", "handshake_timeout")
+    with connect(server.grpc_url) as conn:
+        conn.sendall(b"PRI * HTTP/2.0\r\n")
+        # The server's own SETTINGS frame, then the close.
+        received = read_until_closed(conn)
+        assert received[3:4] == b"\x04", f"a SETTINGS frame: {received!r}"
+    wait_until("the half preface is counted", lambda: slow_clients(server, "grpc", "handshake_timeout") > before)
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_answer(server):
+    with connect(server.url) as conn:
+        conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: plinth\r\n\r\n")
+        received = read_until_closed(conn)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n"), received
+    assert received.count(b"HTTP/1.1") == 1, "one answer, then the idle connection closed"
+
+
+def test_a_body_that_stops_arriving_gets_408_naming_the_flag(server):
+    before = slow_clients(server, "http", "body_timeout")
+    with connect(server.url) as conn:
+        conn.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: plinth\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"inputs\": [")
+        received = read_until_closed(conn)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
+    error = json.loads(body)["error"]
+    assert error == "the request body stopped arriving: no byte for 1 s (--http-body-read-timeout)", error
+    assert slow_clients(server, "http", "body_timeout") == before + 1
+
+
+def ready_status(url):
+    """The status of GET /v2/health/ready on `url`; None when the
+    connection is refused or closed without an answer."""
+    try:
+        return urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=HANG_GUARD_S).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (ConnectionError, urllib.error.URLError, OSError):
+        return None
+
+
+def test_connections_over_the_limit_are_refused_at_once_and_metrics_still_answer(tmp_path):
+    # Timeouts far beyond the test: the held connections stay until closed.
+    repo = identity_repository(tmp_path / "repo")
+    plinth = Plinth(repo, "--http-header-read-timeout", "600", "--http-max-connections", "8")
+    try:
+        held = [connect(plinth.url) for _ in range(8)]
+        for conn in held:
+            conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
+        wait_until("8 connections are open", lambda: open_connections(plinth, "http") == 8)
+        with connect(plinth.url) as excess:
+            excess.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n\r\n")
+            answer = read_until_closed(excess)
+        # Answered 503 at accept (or, had the answer been lost, closed).
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert b"maximum of connections" in answer or answer == b""
+        assert refused(plinth, "http") >= 1
+        assert plinth.wait_for_log(r"refused \d+ connection\(s\) at accept: the listener holds its maximum of 8 "
+                                   r"\(--http-max-connections\)")
+        # The metrics port has a budget of its own.
+        assert "plinth_connections_open" in metrics_text(plinth)
+        held.pop().close()
+        wait_until("readiness answers again", lambda: ready_status(plinth.url) == 200)
+        for conn in held:
+            conn.close()
+    finally:
+        plinth.stop()
+
+
+def metrics_text(server):
+    return urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=HANG_GUARD_S).read().decode()
+
+
+def family_value(server, series):
+    prefix = series + " "
+    return next((float(l[len(prefix):]) for l in metrics_text(server).splitlines() if l.startswith(prefix)), 0.0)
+
+
+def open_connections(server, listener):
+    return family_value(server, f'plinth_connections_open{{listener="{listener}"}}')
+
+
+def refused(server, listener):
+    return family_value(server, f'plinth_connections_refused_total{{listener="{listener}"}}')
+
+
+class LowFileLimit(Plinth):
+    """Plinth started with an open-file limit of FILES."""
+    FILES = 700
+
+    def __init__(self, *args):
+        original = subprocess.Popen
+
+        def popen(*a, **kw):
+            kw["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.FILES, self.FILES))
+            return original(*a, **kw)
+
+        subprocess.Popen = popen
+        try:
+            super().__init__(*args)
+        finally:
+            subprocess.Popen = original
+
+
+def test_more_slow_clients_than_the_file_limit_allows_leave_readiness_reachable(tmp_path):
+    """The scenario of a server whose file limit is below the slow
+    connections thrown at it: each sends a request line and one header,
+    then nothing. The default limits keep descriptors for the server, so
+    the excess is refused at accept; readiness answers or is refused at
+    once, never left hanging; the metrics port answers; once the slow
+    connections are closed by the header timeout, readiness answers 200."""
+    repo = identity_repository(tmp_path / "repo")
+    plinth = LowFileLimit(repo, "--http-header-read-timeout", "5")
+    slow = []
+    try:
+        for _ in range(LowFileLimit.FILES + 100):
+            conn = connect(plinth.url)
+            conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
+            slow.append(conn)
+        wait_until("the excess is refused", lambda: refused(plinth, "http") > 0)
+        # Readiness is answered or refused at once: the probe never hangs.
+        status = ready_status(plinth.url)
+        assert status in (200, 503, None), status
+        assert "plinth_connections_open" in metrics_text(plinth)
+        wait_until("readiness answers 200 once the slow connections are closed",
+                   lambda: ready_status(plinth.url) == 200)
+        assert family_value(plinth, 'plinth_connections_slow_client_total{listener="http",reason="header_timeout"}') > 0
+    finally:
+        for conn in slow:
+            conn.close()
+        plinth.stop()
