@@ -95,6 +95,20 @@ impl RetryPolicy {
     }
 }
 
+/// A blocking reqwest client for `http://` and `https://` servers, with
+/// `timeout` for each request (none when `None`). Its TLS is rustls with
+/// ring, installed as the process's crypto provider unless one already is.
+///
+/// # Panics
+/// When reqwest cannot build a client (no TLS roots can be read).
+pub fn http_client(timeout: Option<Duration>) -> reqwest::blocking::Client {
+    // ring's provider is deprecated only for lacking post-quantum key
+    // exchange; aws-lc-rs would add a C build of its own.
+    #[allow(deprecated)]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::blocking::Client::builder().timeout(timeout).build().expect("an HTTP client can be built")
+}
+
 /// A client of one server.
 #[derive(Clone)]
 pub struct Client {
@@ -107,7 +121,7 @@ impl Client {
     /// A client of the server at `base` (e.g. `http://127.0.0.1:8000`) with
     /// [`RetryPolicy::DEFAULT`] and no request timeout.
     pub fn new(base: &str) -> Client {
-        let http = reqwest::blocking::Client::builder().timeout(None).build().expect("an HTTP client can be built");
+        let http = http_client(None);
         Client { http, base: base.trim_end_matches('/').to_owned(), retry: RetryPolicy::DEFAULT }
     }
 
@@ -120,7 +134,7 @@ impl Client {
     /// The same client with a timeout for each attempt; a request that
     /// times out closes its connection, which cancels it on the server.
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
-        self.http = reqwest::blocking::Client::builder().timeout(timeout).build().expect("an HTTP client can be built");
+        self.http = http_client(Some(timeout));
         self
     }
 

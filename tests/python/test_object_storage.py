@@ -445,3 +445,68 @@ def test_on_demand_downloads_a_cold_model_once_for_requests_that_arrive_together
         assert counted['plinth_repository_download_objects_total{model="ocr_rec"}'] == len(model_files("ocr_rec"))
     finally:
         server.stop()
+
+
+def test_folder_markers_and_odd_characters_in_keys_are_read_as_written(moto, from_disk):
+    # The AWS console's "Create folder" leaves empty objects ending in "/";
+    # keys may hold spaces, '#', '%' and letters outside ASCII.
+    prefix = "models é/50% #1"
+    for marker in [f"{prefix}/", f"{prefix}/ocr_cls/", f"{prefix}/ocr_cls/1/"]:
+        moto.s3.put_object(Bucket="models", Key=marker, Body=b"")
+    moto.upload("models", prefix, "ocr_cls")
+    moto.s3.put_object(Bucket="models", Key=f"{prefix}/ocr_cls/notes é #?.txt", Body=b"read me")
+    moto.s3.put_object(Bucket="models", Key=f"{prefix}/ocr_cls/empty.txt", Body=b"")
+    server = s3_server(moto, repository=f"s3://127.0.0.1:{moto.port}/models/{prefix}")
+    try:
+        assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
+    finally:
+        server.stop()
+
+
+def test_an_empty_prefix_keeps_the_server_unready_until_models_arrive(moto, from_disk):
+    server = s3_server(moto, started=False)
+    try:
+        server.wait_for_log(r"holds no model folder \(nothing under it\): check the bucket and the path; trying again")
+        assert call(server, "/v2/health/ready")[0] == 503
+        moto.upload("models", "repo", "ocr_cls")
+        server.wait_for_log(r"start-up loading finished")
+        assert call(server, "/v2/health/ready")[0] == 200
+        assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
+    finally:
+        server.stop()
+
+
+def test_a_model_in_a_bucket_and_a_folder_is_said_once_and_not_tried_again(moto, tmp_path):
+    moto.upload("models", "repo", "ocr_cls")
+    local = tmp_path / "local"
+    shutil.copytree(MODELS / "ocr_cls", local / "ocr_cls")
+    server = s3_server(moto, "--model-repository", str(local))
+    try:
+        line = server.wait_for_log(r"(model 'ocr_cls' is in two repositories: .*)")
+        assert f"s3://127.0.0.1:{moto.port}/models/repo/ocr_cls and {local}/ocr_cls" in line, line
+        assert not any("trying again" in line for line in server.log)
+    finally:
+        server.stop()
+
+
+def test_a_store_that_cannot_be_listed_is_named_in_the_load_s_reason(tmp_path):
+    store = Moto()
+    store.s3.create_bucket(Bucket="models")
+    store.upload("models", "repo", "ocr_cls")
+    server = s3_server(store, "--model-control-mode", "explicit")
+    try:
+        store.stop()
+        status, answer = call(server, "/v2/repository/models/ocr_cls/load", b"")
+        assert status == 400, answer
+        assert f"cannot list s3://127.0.0.1:{store.port}/models/repo/ocr_cls/" in answer["error"], answer
+    finally:
+        server.stop()
+
+
+def test_the_temporary_mirror_goes_at_shutdown(moto):
+    moto.upload("models", "repo", "ocr_cls")
+    server = s3_server(moto)
+    mirror = pathlib.Path(server.wait_for_log(r"model repository in object storage.* mirror=(\S+)"))
+    assert (mirror / "ocr_cls/config.pbtxt").is_file()
+    server.stop()
+    assert not mirror.exists() and not mirror.parent.exists(), mirror

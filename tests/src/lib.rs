@@ -334,7 +334,7 @@ pub fn ort_dylib_path() -> PathBuf {
 }
 
 fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    plinth_client::http_client(Some(Duration::from_secs(60)))
 }
 
 fn reply(r: reqwest::Result<reqwest::blocking::Response>) -> (u16, serde_json::Value) {

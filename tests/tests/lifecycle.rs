@@ -220,7 +220,7 @@ fn unload_lets_accepted_requests_finish_and_refuses_later_ones() {
 /// be the right text or a 503 "shutting down". Counts the right ones in
 /// `answered`.
 fn read_until_refused(base: &str, answered: &AtomicUsize) {
-    let client = reqwest::blocking::Client::new();
+    let client = plinth_client::http_client(None);
     loop {
         let sent = client
             .post(format!("{base}/v2/models/ocr_rec/predict"))

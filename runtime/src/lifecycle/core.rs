@@ -17,7 +17,7 @@ use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
-use crate::repository::{self, Fingerprint, ModelDir, ModelFiles, Repositories};
+use crate::repository::{self, Fingerprint, ModelDir, ModelFiles, Repositories, ScanError};
 use crate::residency::{self, Footprint, Residency};
 use crate::scheduler::sequence::policy::SequencePolicy;
 
@@ -144,7 +144,7 @@ impl Core {
     /// # Errors
     /// A message when a repository cannot be read (a store that cannot be
     /// listed shows what its mirror last synced, if anything).
-    pub(super) async fn scan(&self) -> Result<Vec<(ModelDir, ModelFiles)>, String> {
+    pub(super) async fn scan(&self) -> Result<Vec<(ModelDir, ModelFiles)>, ScanError> {
         self.repositories.scan().await
     }
 
@@ -153,9 +153,9 @@ impl Core {
         self.repositories.find(name).await
     }
 
-    /// Whether a repository is in object storage.
-    pub(super) fn reads_object_storage(&self) -> bool {
-        self.repositories.any_remote()
+    /// See [`Repositories::remove_temporary_mirrors`].
+    pub(super) fn remove_temporary_mirrors(&self) {
+        self.repositories.remove_temporary_mirrors();
     }
 
     /// What model folder `dir` holds as far as loading goes, without

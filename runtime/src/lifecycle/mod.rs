@@ -48,7 +48,7 @@ use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::Model;
 use crate::registry::Registry;
-use crate::repository::Repositories;
+use crate::repository::{Repositories, ScanError};
 use crate::residency::{Admission, Budget, Residency};
 
 /// How the set of loaded models changes after start (Triton's
@@ -143,10 +143,10 @@ impl Lifecycle {
         Lifecycle { core, mode }
     }
 
-    /// Whether a repository is in object storage: a start-up that cannot
-    /// list it may succeed later.
-    pub fn reads_object_storage(&self) -> bool {
-        self.core.reads_object_storage()
+    /// Removes the temporary mirror folder of the repositories in object
+    /// storage, if one was made (at shutdown).
+    pub fn remove_temporary_mirrors(&self) {
+        self.core.remove_temporary_mirrors();
     }
 
     /// The control mode.
@@ -183,7 +183,7 @@ impl Lifecycle {
     ///
     /// # Errors
     /// A message when a repository cannot be read.
-    pub async fn start(&self, load_models: &[String]) -> Result<(), String> {
+    pub async fn start(&self, load_models: &[String]) -> Result<(), ScanError> {
         let core = &self.core;
         match &self.mode {
             Mode::None => startup::load_all(core).await.map(drop),

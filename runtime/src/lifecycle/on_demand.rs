@@ -10,7 +10,7 @@ use super::core::{Core, LoadOptions, ModelRecord};
 use super::startup;
 use crate::error::Error;
 use crate::model::Model;
-use crate::repository::ModelDir;
+use crate::repository::{ModelDir, ScanError};
 
 /// How often a request retries when its freshly loaded model is evicted by
 /// another load before it could be used.
@@ -21,7 +21,7 @@ const ATTEMPTS: usize = 3;
 ///
 /// # Errors
 /// A message when a repository cannot be read.
-pub(super) async fn start(core: &Core, load_models: &[String]) -> Result<(), String> {
+pub(super) async fn start(core: &Core, load_models: &[String]) -> Result<(), ScanError> {
     let not_resident = "not resident; the first request for it loads it";
     // Pinned before they load, so that loading one never evicts another.
     startup::start(core, load_models, not_resident, |names| names.iter().for_each(|n| core.residency.pin(n))).await

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use super::core::Core;
 use super::request::LoadRequest;
 use super::startup;
-use crate::repository::ModelFiles;
+use crate::repository::{ModelFiles, ScanError};
 
 /// Each model folder as the previous look saw it.
 #[derive(Default)]
@@ -23,7 +23,7 @@ impl Poll {
     ///
     /// # Errors
     /// A message when a repository cannot be read.
-    pub(super) async fn start(&self, core: &Core) -> Result<(), String> {
+    pub(super) async fn start(&self, core: &Core) -> Result<(), ScanError> {
         let dirs = startup::load_all(core).await?;
         let mut observed = self.observed.lock().expect("observed lock");
         for dir in &dirs {

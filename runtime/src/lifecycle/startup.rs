@@ -8,13 +8,13 @@ use futures_util::future::join_all;
 
 use super::core::Core;
 use super::request::LoadRequest;
-use crate::repository::ModelDir;
+use crate::repository::{ModelDir, ScanError};
 
 /// Loads every model of the repositories; returns their folders.
 ///
 /// # Errors
 /// A message when a repository cannot be read.
-pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, String> {
+pub(super) async fn load_all(core: &Core) -> Result<Vec<ModelDir>, ScanError> {
     let dirs: Vec<ModelDir> = core.scan().await?.into_iter().map(|(dir, _)| dir).collect();
     // Errors are in the log and the index already.
     join_all(dirs.iter().map(|dir| core.load(&dir.name, LoadRequest::default()))).await;
@@ -32,7 +32,7 @@ pub(super) async fn start(
     load_models: &[String],
     not_loaded: &str,
     before_loading: impl FnOnce(&[String]),
-) -> Result<(), String> {
+) -> Result<(), ScanError> {
     let dirs: Vec<ModelDir> = core.scan().await?.into_iter().map(|(dir, _)| dir).collect();
     let wanted: Vec<String> = if load_models.iter().any(|m| m == "*") {
         dirs.iter().map(|d| d.name.clone()).collect()

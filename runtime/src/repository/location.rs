@@ -128,6 +128,14 @@ impl FromStr for Location {
     fn from_str(text: &str) -> Result<Location, String> {
         let Some((scheme, rest)) = text.split_once("://") else { return Ok(Location::Local(PathBuf::from(text))) };
         let rest = rest.trim_end_matches('/');
+        // user:secret@host would put a secret in every log line that names
+        // the repository; the message does not repeat the text.
+        if split(rest.rsplit_once("://").map_or(rest, |(_, r)| r)).0.contains('@') {
+            return Err(format!(
+                "model repository {scheme}://...: credentials in a location are not read; give them through the \
+                 provider's environment variables or files"
+            ));
+        }
         let (store, prefix) = match scheme {
             "s3" => s3(rest).ok_or_else(|| expected(text, "s3://bucket/path or s3://host:port/bucket/path"))?,
             "gs" => {
@@ -149,6 +157,11 @@ impl FromStr for Location {
                 ));
             }
         };
+        // Object keys under the repository are read segment by segment: an
+        // empty, `.` or `..` segment names no folder.
+        if !prefix.is_empty() && prefix.split('/').any(|part| matches!(part, "" | "." | "..")) {
+            return Err(format!("model repository '{text}': the path has an empty, '.' or '..' segment"));
+        }
         Ok(Location::Remote(RemoteLocation { store, prefix: prefix.to_owned() }))
     }
 }
@@ -168,6 +181,12 @@ fn s3(rest: &str) -> Option<(Store, &str)> {
         None if !first.contains(':') => Some((Store::S3 { bucket: named(first)?, endpoint: None }, after)),
         scheme => {
             let (bucket, prefix) = split(after);
+            // A port, when written, is a TCP port.
+            if let Some((_, port)) = first.rsplit_once(':')
+                && port.parse::<u16>().is_err()
+            {
+                return None;
+            }
             let endpoint = format!("{}://{}", scheme.unwrap_or("http"), named(first)?);
             Some((Store::S3 { bucket: named(bucket)?, endpoint: Some(endpoint) }, prefix))
         }
@@ -250,10 +269,21 @@ mod tests {
             ("gs://", "is not of the form gs://bucket/path"),
             ("as://account", "is not of the form as://account/container/path"),
             ("hdfs://x/y", "unknown scheme 'hdfs://'"),
+            ("s3://127.0.0.1:99999/models/repo", "is not of the form s3://bucket/path"),
+            ("s3://models/a//b", "an empty, '.' or '..' segment"),
+            ("gs://models/a/../b", "an empty, '.' or '..' segment"),
         ];
         for (text, message) in cases {
             let e = text.parse::<Location>().unwrap_err();
             assert!(e.contains(message), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_a_location_are_refused_without_repeating_them() {
+        for text in ["s3://AKIA:TopSecret@127.0.0.1:9000/models/repo", "s3://https://k:TopSecret@minio:9000/m"] {
+            let e = text.parse::<Location>().unwrap_err();
+            assert!(e.contains("credentials in a location are not read") && !e.contains("TopSecret"), "{e}");
         }
     }
 }

@@ -10,7 +10,7 @@ mod stores;
 
 pub use location::{Location, RemoteLocation, Store};
 pub use remote::{Listing, RemoteError, RemoteRepository};
-pub use sources::{Repositories, Repository};
+pub use sources::{Repositories, Repository, ScanError};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -122,6 +122,7 @@ impl RemoteRepository {
                 format!("model repository {location}: cannot make the mirror folder {}: {e}", dir.display())
             })?;
         }
+        remove_abandoned_staging(&folder.join(".plinth/staging"));
         Ok(RemoteRepository { location, store, folder, metrics, next: AtomicU64::new(0) })
     }
 
@@ -165,7 +166,7 @@ impl RemoteRepository {
     /// the whole repository), by path below it. Folder markers (keys ending
     /// in `/`) are left out.
     async fn list(&self, under: &str) -> Result<Listing, RemoteError> {
-        let prefix = object_store::path::Path::from(self.location.key(under.trim_end_matches('/')));
+        let prefix = self.object_path(&self.location.key(under.trim_end_matches('/')))?;
         let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
         let metas: Vec<ObjectMeta> = self
             .store
@@ -187,7 +188,18 @@ impl RemoteRepository {
             };
             listing.insert(path.to_owned(), object);
         }
+        drop_folder_markers(&mut listing);
         Ok(listing)
+    }
+
+    /// The store's path of `key`, taken as it is: `Path::from` would
+    /// percent-encode a `%`, `#` or non-ASCII character that the HTTP
+    /// client then encodes again.
+    fn object_path(&self, key: &str) -> Result<object_store::path::Path, RemoteError> {
+        object_store::path::Path::parse(key).map_err(|e| RemoteError {
+            cause: "provider",
+            message: format!("{}: the key '{key}' cannot be read: {e}", self.location),
+        })
     }
 
     /// What the mirror holds of model `name`: the listing it was last
@@ -312,8 +324,15 @@ impl RemoteRepository {
         if let Some(parent) = to.parent() {
             tokio::fs::create_dir_all(parent).await.map_err(local)?;
         }
+        if object.size == 0 {
+            // Nothing to download (and a folder marker's key, which the
+            // listing gives without its `/`, has no object to get).
+            tokio::fs::File::create(to).await.map_err(local)?;
+            self.metrics.objects.with_label_values(&[name]).inc();
+            return Ok(());
+        }
         let options = GetOptions { if_match: object.e_tag.clone(), ..GetOptions::default() };
-        let key = object_store::path::Path::from(self.location.key(&relative));
+        let key = self.object_path(&self.location.key(&relative))?;
         let got = self.store.get_opts(&key, options).await.map_err(|e| self.failure(&format!("download {url}"), e))?;
         let mut stream = got.into_stream();
         let mut file = tokio::fs::File::create(to).await.map_err(local)?;
@@ -386,6 +405,30 @@ impl RemoteRepository {
     }
 }
 
+/// Removes the staging folders (`MODEL.PID.N`) of processes that are gone:
+/// a server killed in the middle of a download leaves its partial copy.
+/// Another live server's staging folder in a shared cache stays.
+fn remove_abandoned_staging(staging: &Path) {
+    let Ok(entries) = std::fs::read_dir(staging) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.rsplit('.').nth(1).and_then(|pid| pid.parse::<u32>().ok());
+        let alive = pid.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if pid.is_some() && !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Drops the empty objects that only mark a folder (the AWS console's
+/// "Create folder", `aws s3api put-object --key dir/`): the listing gives
+/// `dir/` as `dir`, which would clash with the files under it.
+fn drop_folder_markers(listing: &mut Listing) {
+    let folders: std::collections::BTreeSet<String> =
+        listing.keys().flat_map(|path| path.match_indices('/').map(|(at, _)| path[..at].to_owned())).collect();
+    listing.retain(|path, object| !(object.size == 0 && folders.contains(path)));
+}
+
 /// The HTTP status a store's answer had, as object_store writes it into
 /// its message ("status code: 403 Forbidden"): its own typed status is not
 /// public for every request (an S3 listing's 403 comes as a generic error).
@@ -400,7 +443,49 @@ fn source_text(e: &object_store::Error) -> String {
     use std::error::Error as _;
     let text = e.source().map_or_else(|| e.to_string(), ToString::to_string);
     // A store's XML error body spans lines: one line in the log.
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    redacted(&text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The elements of S3's SignatureDoesNotMatch answer that echo the signed
+/// request, session token header included.
+const ECHOED_REQUEST: [&str; 4] = ["CanonicalRequest", "CanonicalRequestBytes", "StringToSign", "StringToSignBytes"];
+
+/// The variables whose values are secrets, should a store echo one.
+const SECRET_VARIABLES: [&str; 7] = [
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CLIENT_SECRET",
+];
+
+/// `text` without what a store echoed of the signed request, and with any
+/// credential the environment holds replaced by `REDACTED`.
+fn redacted(text: &str) -> String {
+    let mut text = text.to_owned();
+    for element in ECHOED_REQUEST {
+        let (open, close) = (format!("<{element}>"), format!("</{element}>"));
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find(&open) {
+            out.push_str(&rest[..start + open.len()]);
+            out.push_str("REDACTED");
+            rest = &rest[start + open.len()..];
+            rest = rest.find(&close).map_or("", |end| &rest[end..]);
+        }
+        out.push_str(rest);
+        text = out;
+    }
+    for variable in SECRET_VARIABLES {
+        if let Ok(secret) = std::env::var(variable)
+            && secret.len() >= 8
+        {
+            text = text.replace(&secret, "REDACTED");
+        }
+    }
+    text
 }
 
 /// The retries every store makes on a transient failure (a 5xx such as
@@ -442,6 +527,32 @@ mod tests {
 
     fn object(size: u64, tag: &str) -> Object {
         Object { size, e_tag: Some(tag.into()), modified_ms: 1_700_000_000_000 }
+    }
+
+    #[test]
+    fn an_echoed_signed_request_is_redacted() {
+        let answer = "<Error><Code>SignatureDoesNotMatch</Code><CanonicalRequest>GET / x-amz-security-token:FQoG\
+                      </CanonicalRequest><StringToSign>AWS4 FQoG</StringToSign><RequestId>7</RequestId></Error>";
+        let text = redacted(answer);
+        assert_eq!(
+            text,
+            "<Error><Code>SignatureDoesNotMatch</Code><CanonicalRequest>REDACTED</CanonicalRequest>\
+             <StringToSign>REDACTED</StringToSign><RequestId>7</RequestId></Error>"
+        );
+        assert_eq!(redacted("<StringToSign>cut short"), "<StringToSign>REDACTED");
+    }
+
+    #[test]
+    fn folder_markers_leave_the_listing_and_empty_files_stay() {
+        let mut listing: Listing = [
+            ("1".to_owned(), object(0, "marker")),
+            ("1/model.onnx".to_owned(), object(100, "a")),
+            ("2".to_owned(), object(0, "lone marker")),
+            ("empty.txt".to_owned(), object(0, "empty")),
+        ]
+        .into();
+        drop_folder_markers(&mut listing);
+        assert_eq!(listing.keys().collect::<Vec<_>>(), ["1/model.onnx", "2", "empty.txt"]);
     }
 
     #[test]

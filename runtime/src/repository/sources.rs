@@ -13,13 +13,31 @@ use super::remote::{Listing, RemoteRepository};
 use super::{ModelDir, ModelFiles, is_model_name};
 use crate::metrics::RepositoryMetrics;
 
+/// Why the repositories could not be listed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ScanError {
+    /// What went wrong, naming the repository or model.
+    pub message: String,
+    /// Whether trying again later may succeed: a store in object storage
+    /// that cannot be listed, or lists nothing yet. Two repositories
+    /// holding one model, or a folder that cannot be read, are not.
+    pub transient: bool,
+}
+
+impl From<ScanError> for String {
+    fn from(e: ScanError) -> String {
+        e.message
+    }
+}
+
 /// The repositories of a server, in the order given.
 #[derive(Default)]
 pub struct Repositories {
     list: Vec<Repository>,
     /// The temporary folder of the mirrors when no cache folder was given:
     /// removed when the server stops, as Triton removes its copy.
-    _scratch: Option<tempfile::TempDir>,
+    scratch: std::sync::Mutex<Option<tempfile::TempDir>>,
 }
 
 /// One repository.
@@ -32,7 +50,7 @@ pub enum Repository {
 
 impl From<Vec<PathBuf>> for Repositories {
     fn from(folders: Vec<PathBuf>) -> Repositories {
-        Repositories { list: folders.into_iter().map(Repository::Local).collect(), _scratch: None }
+        Repositories { list: folders.into_iter().map(Repository::Local).collect(), scratch: Default::default() }
     }
 }
 
@@ -92,7 +110,7 @@ impl Repositories {
                 metrics.clone(),
             )?)));
         }
-        Ok(Repositories { list, _scratch: scratch })
+        Ok(Repositories { list, scratch: std::sync::Mutex::new(scratch) })
     }
 
     /// Every model folder and what it holds now: a local folder as on
@@ -103,27 +121,31 @@ impl Repositories {
     /// A message when a local repository cannot be read, a store can be
     /// neither listed nor read from its mirror, or two repositories hold a
     /// model of the same name.
-    pub async fn scan(&self) -> Result<Vec<(ModelDir, ModelFiles)>, String> {
+    pub async fn scan(&self) -> Result<Vec<(ModelDir, ModelFiles)>, ScanError> {
         let mut models: BTreeMap<String, (ModelDir, ModelFiles)> = BTreeMap::new();
         for repository in &self.list {
             let found = match repository {
-                Repository::Local(folder) => super::scan_folder(folder)?
+                Repository::Local(folder) => super::scan_folder(folder)
+                    .map_err(|message| ScanError { message, transient: false })?
                     .into_iter()
                     .map(|dir| {
                         let files = ModelFiles::observe(&dir);
                         (dir, files)
                     })
                     .collect(),
-                Repository::Remote(remote) => remote_models(remote).await?,
+                Repository::Remote(remote) => {
+                    remote_models(remote).await.map_err(|message| ScanError { message, transient: true })?
+                }
             };
             for (dir, files) in found {
                 if let Some((previous, _)) = models.get(&dir.name) {
-                    return Err(format!(
+                    let message = format!(
                         "model '{}' is in two repositories: {} and {}",
                         dir.name,
-                        previous.path.display(),
-                        dir.path.display()
-                    ));
+                        self.origin(previous),
+                        self.origin(&dir)
+                    );
+                    return Err(ScanError { message, transient: false });
                 }
                 models.insert(dir.name.clone(), (dir, files));
             }
@@ -142,10 +164,9 @@ impl Repositories {
             let dir = ModelDir { name: name.to_owned(), path: repository.folder().join(name) };
             let found = match repository {
                 Repository::Local(_) => dir.path.is_dir(),
-                Repository::Remote(remote) => match remote.model(name).await {
-                    Ok(listing) => !listing.is_empty(),
-                    Err(_) => remote.synced(name).is_some(),
-                },
+                // A store that cannot be listed may hold the model: its
+                // load then says why the store cannot be read.
+                Repository::Remote(remote) => remote.model(name).await.map_or(true, |listing| !listing.is_empty()),
             };
             if found {
                 return Some(dir);
@@ -190,17 +211,34 @@ impl Repositories {
         Ok(ModelFiles::of_listing(&listing))
     }
 
+    /// Where model folder `dir` comes from, for messages: its location in
+    /// object storage, or its folder.
+    fn origin(&self, dir: &ModelDir) -> String {
+        match self.remote_of(dir) {
+            Some(remote) => format!("{}/{}", remote.location(), dir.name),
+            None => dir.path.display().to_string(),
+        }
+    }
+
+    /// Removes the temporary folder that holds the mirrors when no cache
+    /// folder was given (at shutdown: the process does not drop the
+    /// lifecycle on its way out).
+    pub fn remove_temporary_mirrors(&self) {
+        let scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(dir) = scratch {
+            let path = dir.path().display().to_string();
+            if let Err(e) = dir.close() {
+                tracing::warn!("cannot remove the temporary mirror folder {path}: {e}");
+            }
+        }
+    }
+
     /// The remote repository whose mirror holds `dir`, if any.
     fn remote_of(&self, dir: &ModelDir) -> Option<&RemoteRepository> {
         self.list.iter().find_map(|r| match r {
             Repository::Remote(remote) if dir.path.starts_with(remote.folder()) => Some(remote.as_ref()),
             _ => None,
         })
-    }
-
-    /// Whether a repository is in object storage.
-    pub fn any_remote(&self) -> bool {
-        self.list.iter().any(|r| matches!(r, Repository::Remote(_)))
     }
 }
 
@@ -228,16 +266,32 @@ async fn remote_models(remote: &RemoteRepository) -> Result<Vec<(ModelDir, Model
             synced
         }
     };
+    if models.is_empty() {
+        // Triton refuses a repository path that does not exist; in object
+        // storage that is a prefix with nothing under it.
+        return Err(format!(
+            "model repository {} holds no model folder (nothing under it): check the bucket and the path",
+            remote.location()
+        ));
+    }
     let dir = |name: &String| ModelDir { name: name.clone(), path: remote.folder().join(name) };
     Ok(models.iter().map(|(name, listing)| (dir(name), ModelFiles::of_listing(listing))).collect())
 }
 
 /// The folder name of a remote repository's mirror: its location with
-/// every character that is not a letter, a digit, `.`, `-` or `_` made `_`
-/// (`s3://127.0.0.1:9000/models/repo` → `s3_127.0.0.1_9000_models_repo`).
+/// every character that is not a letter, a digit, `.`, `-` or `_` made `_`,
+/// then 8 hex digits of the location's SHA-256, so that two locations that
+/// read alike (`repo/a`, `repo_a`) never share a mirror
+/// (`s3://127.0.0.1:9000/models/repo` → `s3_127.0.0.1_9000_models_repo-` and 8 hex digits).
 fn mirror_name(location: &RemoteLocation) -> String {
-    let text = location.to_string().replace("://", "_");
-    text.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
+    use sha2::Digest;
+    let exact = location.to_string();
+    let text = exact.replace("://", "_");
+    let readable: String =
+        text.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    let digest = sha2::Sha256::digest(exact.as_bytes());
+    let tag: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{readable}-{tag}")
 }
 
 #[cfg(test)]
@@ -250,8 +304,10 @@ mod tests {
             Location::Remote(r) => mirror_name(&r),
             Location::Local(_) => unreachable!(),
         };
-        assert_eq!(name("s3://127.0.0.1:9000/models/repo"), "s3_127.0.0.1_9000_models_repo");
-        assert_eq!(name("gs://bucket/a/b"), "gs_bucket_a_b");
+        assert!(name("s3://127.0.0.1:9000/models/repo").starts_with("s3_127.0.0.1_9000_models_repo-"));
+        assert!(name("gs://bucket/a/b").starts_with("gs_bucket_a_b-"));
+        assert_eq!(name("gs://bucket/a/b"), name("gs://bucket/a/b/"), "one location, one mirror");
         assert_ne!(name("s3://b/x"), name("gs://b/x"));
+        assert_ne!(name("s3://models/repo/a"), name("s3://models/repo_a"), "alike, but not one");
     }
 }

@@ -118,6 +118,7 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
         // The last spans go out before the process does.
         let _ = tokio::task::spawn_blocking(move || tracing.flush()).await;
     }
+    service.lifecycle.remove_temporary_mirrors();
     tracing::info!("stopped");
     // The models are not dropped on the way out: dropping one joins its
     // workers, and a worker stuck in a backend call would hold the process.
@@ -148,7 +149,7 @@ async fn start_and_poll(service: Arc<Service>, opts: ServeOptions) {
     while let Err(e) = service.lifecycle.start(&opts.load_models).await {
         // A store that cannot be listed (down, refusing the credentials)
         // may come back: the server stays unready and tries again.
-        if !service.lifecycle.reads_object_storage() {
+        if !e.transient {
             tracing::error!("{e}");
             break;
         }
