@@ -22,6 +22,7 @@ mod model;
 mod plugin;
 mod repository;
 mod residency;
+mod rollout;
 mod system;
 
 use std::collections::HashMap;
@@ -36,6 +37,7 @@ pub use model::{
 pub use plugin::{PluginMetrics, PluginStage};
 pub use repository::RepositoryMetrics;
 pub use residency::ResidencyMetrics;
+pub use rollout::RolloutMetrics;
 
 /// The labels of Triton's per-model families.
 const MODEL_LABELS: &[&str] = &["model", "version"];
@@ -48,6 +50,8 @@ pub struct Metrics {
     pub residency: ResidencyMetrics,
     /// Fetches from object storage (`plinth_repository_*`).
     pub repository: Arc<RepositoryMetrics>,
+    /// Rollouts (`plinth_rollout_*`).
+    pub rollout: Arc<RolloutMetrics>,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -137,6 +141,7 @@ impl Metrics {
         Metrics {
             residency: ResidencyMetrics::register(&registry),
             repository: Arc::new(RepositoryMetrics::register(&registry)),
+            rollout: Arc::new(RolloutMetrics::register(&registry)),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),
