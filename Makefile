@@ -69,7 +69,7 @@ image: dist
 # and failures while versions are swapped under load, residency, and the
 # scheduler against ONNX Runtime in-process, and a 4 MiB tensor as JSON,
 # binary data and through system shared memory, response cache hits
-# against misses, and sentence embeddings through /v1/embeddings against
+# against misses, a request with and without a rollout, and sentence embeddings through /v1/embeddings against
 # sentence-transformers, ONNX Runtime and fastembed in-process.
 bench: setup-test
 	.venv/bin/python bench/ocr_predict.py
@@ -78,6 +78,7 @@ bench: setup-test
 	.venv/bin/python bench/plugin_cache.py
 	.venv/bin/python bench/shared_memory.py
 	.venv/bin/python bench/response_cache.py
+	.venv/bin/python bench/rollout.py
 	.venv/bin/python bench/vad_stream.py
 	.venv/bin/python bench/text_embeddings.py
 	cargo run --release --locked -p plinth-bench --bin batching

@@ -92,7 +92,8 @@ struct Rollout {
 }
 
 impl Rollout {
-    fn new(plan: Plan, serving: u64, now: Instant) -> Rollout {
+    fn new(mut plan: Plan, serving: u64, now: Instant) -> Rollout {
+        plan.serving = Some(serving);
         Rollout {
             plan,
             serving,
