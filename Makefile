@@ -69,9 +69,9 @@ image: dist
 # and failures while versions are swapped under load, residency, and the
 # scheduler against ONNX Runtime in-process, and a 4 MiB tensor as JSON,
 # binary data and through system shared memory, response cache hits
-# against misses, the rate limiter's priorities, and sentence embeddings
-# through /v1/embeddings against sentence-transformers, ONNX Runtime and
-# fastembed in-process.
+# against misses, the rate limiter's priorities, a request with and without
+# a rollout, and sentence embeddings through /v1/embeddings against
+# sentence-transformers, ONNX Runtime and fastembed in-process.
 bench: setup-test
 	.venv/bin/python bench/ocr_predict.py
 	.venv/bin/python bench/hot_swap.py
@@ -80,6 +80,7 @@ bench: setup-test
 	.venv/bin/python bench/shared_memory.py
 	.venv/bin/python bench/response_cache.py
 	.venv/bin/python bench/rate_limiter.py
+	.venv/bin/python bench/rollout.py
 	.venv/bin/python bench/vad_stream.py
 	.venv/bin/python bench/text_embeddings.py
 	cargo run --release --locked -p plinth-bench --bin batching

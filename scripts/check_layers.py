@@ -27,7 +27,7 @@ LAYERS = [
     ["scheduler"],
     ["plugin"],
     ["model"],
-    ["registry", "residency"],
+    ["registry", "residency", "rollout"],
     ["lifecycle"],
     ["server"],
     ["cli", "fuzzing"],

@@ -53,6 +53,12 @@ impl Error {
             Error::Unsupported(m) => Error::Unsupported(f(m)),
         }
     }
+
+    /// Whether the server failed rather than the request (HTTP 500 or 502):
+    /// what a rollout counts against a version.
+    pub fn is_server_side(&self) -> bool {
+        matches!(self, Error::Internal(_) | Error::BadGateway(_))
+    }
 }
 
 /// A refusal because something is busy: what, and when to try again.

@@ -26,6 +26,7 @@ pub mod protocol;
 pub mod registry;
 pub mod repository;
 pub mod residency;
+pub mod rollout;
 pub mod scheduler;
 pub mod server;
 pub mod tensor;

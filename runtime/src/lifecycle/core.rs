@@ -19,6 +19,7 @@ use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles, Repositories, ScanError};
 use crate::residency::{self, Footprint, Residency};
+use crate::rollout::Rollouts;
 use crate::scheduler::sequence::policy::SequencePolicy;
 
 /// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
@@ -112,6 +113,8 @@ pub(super) struct Core {
     repositories: Repositories,
     records: Mutex<HashMap<String, Arc<tokio::sync::Mutex<ModelRecord>>>>,
     pub(super) residency: Residency,
+    /// Each model's rollout from its serving version to a candidate.
+    pub(super) rollouts: Rollouts,
     load_permits: tokio::sync::Semaphore,
     pub(super) limits: LoadLimits,
     pub(super) metrics: Arc<Metrics>,
@@ -133,6 +136,7 @@ impl Core {
             repositories,
             records: Mutex::default(),
             residency,
+            rollouts: Rollouts::new(metrics.rollout.clone()),
             load_permits: tokio::sync::Semaphore::new(limits.concurrency.max(1)),
             limits,
             metrics,
@@ -613,7 +617,24 @@ impl Core {
         // Each version's instances are freed, and their memory handed back,
         // once its last request lets it go (`drain::FreedOffThread`).
         drop(self.registry.unload(name, reason));
+        self.rollouts.forget(name);
         self.forget_residency(name);
+    }
+
+    /// Takes every version of `name` but `version` out of service (a
+    /// promoted rollout's candidate stays alone), keeping the residency
+    /// accounting in step.
+    pub(super) async fn keep_only(&self, name: &str, version: u64) {
+        let record = self.record(name);
+        let mut record = record.lock().await;
+        if !self.registry.is_ready(name, version) {
+            return;
+        }
+        self.registry.retire_versions(name, &[version]);
+        record.loaded.retain(|v, _| *v == version);
+        if let Err(reason) = self.settle(name, record.footprint(), self.residency.is_pinned(name)) {
+            tracing::warn!(model = %name, "{reason}");
+        }
     }
 
     /// Records that `name` left memory: the residency and its footprint series.

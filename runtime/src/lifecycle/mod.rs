@@ -26,6 +26,7 @@ mod modelmesh;
 mod on_demand;
 mod poll;
 mod request;
+mod rollout;
 mod runner;
 mod runtimes;
 mod startup;
@@ -50,6 +51,7 @@ use crate::model::Model;
 use crate::registry::Registry;
 use crate::repository::{Repositories, ScanError};
 use crate::residency::{Admission, Budget, Residency};
+use crate::rollout::Plan;
 
 /// How the set of loaded models changes after start (Triton's
 /// `--model-control-mode`, plus Plinth's `on_demand` and `modelmesh`).
@@ -222,12 +224,22 @@ impl Lifecycle {
     ///
     /// # Errors
     /// [`LoadError::NotAllowed`] in a mode without explicit loads;
-    /// [`LoadError::Invalid`] for no such model folder, or malformed files;
+    /// [`LoadError::Invalid`] for no such model folder, malformed files, a
+    /// `rollout` plan that does not parse, or one that cannot start once
+    /// loaded;
     /// [`LoadError::Failed`] or [`LoadError::NoRoom`] with every failure's reason. Each message
     /// starts `failed to load 'NAME'`. Versions serving before keep serving.
     pub async fn load(&self, name: &str, request: LoadRequest) -> Result<(), LoadError> {
         self.explicit_mode()?;
-        self.core.load(name, request).await.map_err(|e| e.map_message(|m| format!("failed to load '{name}': {m}")))
+        // A plan that does not parse refuses the load before it starts.
+        let plan = request.rollout.as_deref().map(|json| Plan::parse(json.as_bytes())).transpose();
+        let plan = plan.map_err(|e| LoadError::Invalid(format!("failed to load '{name}': {e}")))?;
+        self.core.load(name, request).await.map_err(|e| e.map_message(|m| format!("failed to load '{name}': {m}")))?;
+        if let Some(plan) = plan {
+            self.start_rollout(name, plan)
+                .map_err(|e| LoadError::Invalid(format!("loaded '{name}', but no rollout started: {e}")))?;
+        }
+        Ok(())
     }
 
     /// Unloads every version of `name` (the repository extension's

@@ -23,6 +23,7 @@ mod model;
 mod plugin;
 mod repository;
 mod residency;
+mod rollout;
 mod shared_memory;
 mod system;
 
@@ -39,6 +40,7 @@ pub use model::{
 pub use plugin::{PluginMetrics, PluginStage};
 pub use repository::RepositoryMetrics;
 pub use residency::ResidencyMetrics;
+pub use rollout::RolloutMetrics;
 pub use shared_memory::SharedMemoryMetrics;
 
 /// The labels of Triton's per-model families.
@@ -57,6 +59,8 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     /// The bytes of each system shared memory region requests hold.
     pub shared_memory: SharedMemoryMetrics,
+    /// Rollouts (`plinth_rollout_*`).
+    pub rollout: Arc<RolloutMetrics>,
     versions: Arc<Versions>,
     system: system::SystemMetrics,
     /// Triton's `nv_gpu_*` families; `None` without a GPU.
@@ -148,6 +152,7 @@ impl Metrics {
             repository: Arc::new(RepositoryMetrics::register(&registry)),
             connections: ConnectionMetrics::register(&registry),
             shared_memory: SharedMemoryMetrics::register(&registry),
+            rollout: Arc::new(RolloutMetrics::register(&registry)),
             versions: Arc::new(versions),
             system: system::SystemMetrics::register(&registry),
             gpu: gpu::GpuMetrics::register(&registry, gpus),

@@ -18,6 +18,9 @@ pub struct LoadRequest {
     /// `file:<version>/<name>`: the files of the model folder to load
     /// instead of the repository's, by path relative to the model folder.
     pub files: BTreeMap<String, Vec<u8>>,
+    /// `rollout`: a JSON rollout plan started once the load is done
+    /// (Plinth's; see `rollout::Plan`).
+    pub rollout: Option<String>,
 }
 
 /// The prefix of a file parameter's key.
@@ -26,7 +29,7 @@ pub const FILE_PREFIX: &str = "file:";
 impl LoadRequest {
     /// A load with only a configuration override (or none).
     pub fn config(config: Option<String>) -> LoadRequest {
-        LoadRequest { config, files: BTreeMap::new() }
+        LoadRequest { config, ..LoadRequest::default() }
     }
 }
 
@@ -52,6 +55,16 @@ pub fn load_request(front: Front, parameters: &Parameters) -> Result<LoadRequest
                     )));
                 }
             });
+        } else if key == "rollout" {
+            load.rollout = Some(match value {
+                Value::Text(s) => s.clone(),
+                Value::Json(object @ serde_json::Value::Object(_)) if front == Front::Http => object.to_string(),
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "parameter 'rollout' must be a string holding a JSON rollout plan, got {other}"
+                    )));
+                }
+            });
         } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
             let bytes = match (front, value) {
                 (Front::Http, Value::Text(text)) => base64::engine::general_purpose::STANDARD.decode(text).ok(),
@@ -68,7 +81,7 @@ pub fn load_request(front: Front, parameters: &Parameters) -> Result<LoadRequest
             load.files.insert(path.to_owned(), bytes);
         } else {
             return Err(Error::InvalidArgument(format!(
-                "unknown load parameter '{key}'; a load takes 'config' and '{FILE_PREFIX}<version>/<name>'"
+                "unknown load parameter '{key}'; a load takes 'config', 'rollout' and '{FILE_PREFIX}<version>/<name>'"
             )));
         }
     }
@@ -119,7 +132,7 @@ mod tests {
         let e = load_request(Front::Grpc, &one("config", Value::Json(object))).unwrap_err().to_string();
         assert!(e.starts_with("parameter 'config' must be a string holding a JSON model configuration"), "{e}");
         let e = load_request(Front::Http, &one("model", Value::Bool(true))).unwrap_err().to_string();
-        assert_eq!(e, "unknown load parameter 'model'; a load takes 'config' and 'file:<version>/<name>'");
+        assert_eq!(e, "unknown load parameter 'model'; a load takes 'config', 'rollout' and 'file:<version>/<name>'");
     }
 
     #[test]

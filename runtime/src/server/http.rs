@@ -72,7 +72,11 @@ pub fn router(service: Arc<Service>) -> Router {
     let repository = Router::new()
         .route("/v2/repository/index", post(routes::repository_index))
         .route("/v2/repository/models/{model}/load", post(routes::load_model))
-        .route("/v2/repository/models/{model}/unload", post(routes::unload_model));
+        .route("/v2/repository/models/{model}/unload", post(routes::unload_model))
+        .route(
+            "/v2/repository/models/{model}/rollout",
+            post(routes::start_rollout).get(routes::rollout).delete(routes::cancel_rollout),
+        );
     let shared_memory = Router::new()
         .route("/v2/systemsharedmemory/status", get(routes::shared_memory_status))
         .route("/v2/systemsharedmemory/region/{region}/status", get(routes::shared_memory_status))

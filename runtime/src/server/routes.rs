@@ -25,6 +25,7 @@ use crate::protocol::parameters::{Front, Parameters};
 use crate::protocol::repository;
 use crate::protocol::request::RequestHead;
 use crate::registry::UNKNOWN_MODEL;
+use crate::rollout::RolloutStatus;
 use crate::scheduler::Timing;
 use crate::tensor::DataType;
 use crate::trace::{Span, Update};
@@ -60,9 +61,12 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
 }
 
 impl ModelRef {
-    /// The model to serve; in on-demand mode this loads it if needed.
-    async fn resolve(&self, service: &Service) -> Result<Arc<Model>, Error> {
-        service.model(&self.name, self.version).await
+    /// The model to serve (where its rollout sends a request that names
+    /// no version, by `headers` when sticky); in on-demand mode this loads
+    /// it if needed.
+    async fn resolve(&self, service: &Service, headers: &HeaderMap) -> Result<Arc<Model>, Error> {
+        let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        service.model_for_request(&self.name, self.version, &header).await
     }
 }
 
@@ -111,7 +115,7 @@ pub async fn infer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&service).await?;
+    let m = model.resolve(&service, &headers).await?;
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
@@ -164,7 +168,7 @@ pub async fn predict(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&service).await?;
+    let m = model.resolve(&service, &headers).await?;
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
@@ -262,7 +266,26 @@ pub async fn repository_index(
         })?;
         request.ready
     };
-    Ok(Json(serde_json::to_value(service.repository_index(ready_only)).expect("index rows serialise")))
+    let mut rows = serde_json::to_value(service.repository_index(ready_only)).expect("index rows serialise");
+    mark_rollouts(&mut rows, &service.rollouts());
+    Ok(Json(rows))
+}
+
+/// Adds `"rollout": {"role", "phase", "percent"}` to the index rows of the
+/// versions a rollout moves traffic between (`percent`: the share of
+/// unversioned requests the version answers).
+fn mark_rollouts(rows: &mut serde_json::Value, rollouts: &[RolloutStatus]) {
+    let Some(rows) = rows.as_array_mut() else { return };
+    for row in rows {
+        let (Some(name), Some(version)) = (row["name"].as_str(), row["version"].as_str()) else { continue };
+        let Some(r) = rollouts.iter().find(|r| r.model == name) else { continue };
+        let (role, percent) = match version.parse::<u64>() {
+            Ok(v) if v == r.candidate => ("candidate", r.percent),
+            Ok(v) if v == r.serving => ("serving", 100.0 - r.percent),
+            _ => continue,
+        };
+        row["rollout"] = serde_json::json!({"role": role, "phase": r.phase, "percent": percent});
+    }
 }
 
 /// `POST /v2/repository/models/{m}/load` (explicit mode): loads the model,
@@ -295,6 +318,34 @@ pub async fn unload_model(
     let dependents = repository::unload_dependents(&repository_parameters(&body, "unload")?)?;
     service.unload(&name, dependents).await?;
     Ok(Json(serde_json::json!({})))
+}
+
+/// `POST /v2/repository/models/{m}/rollout`: starts a rollout with the
+/// JSON plan in the body (Plinth's; docs/rollouts.md); answers with its
+/// status. 400 for a plan that does not parse or versions not READY.
+pub async fn start_rollout(
+    State(service): State<Arc<Service>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<RolloutStatus>> {
+    let body = body.map_err(|e| rejected_body(&service, e))?;
+    Ok(Json(service.start_rollout(&name, &body)?))
+}
+
+/// `GET /v2/repository/models/{m}/rollout`: the model's rollout, in
+/// progress or finished; 404 when it has none.
+pub async fn rollout(State(service): State<Arc<Service>>, Path(name): Path<String>) -> ApiResult<Json<RolloutStatus>> {
+    Ok(Json(service.rollout(&name)?))
+}
+
+/// `DELETE /v2/repository/models/{m}/rollout`: cancels the rollout in
+/// progress (the serving version takes every request back); 404 when
+/// there is none.
+pub async fn cancel_rollout(
+    State(service): State<Arc<Service>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<RolloutStatus>> {
+    Ok(Json(service.cancel_rollout(&name)?))
 }
 
 /// The `parameters` of a repository request's optional JSON body (`what`

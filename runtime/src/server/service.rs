@@ -5,6 +5,7 @@
 //! protocol and these calls.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,7 @@ use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::protocol::repository::LoadRequest;
 use crate::protocol::request::{RequestHead, RequestedOutput};
 use crate::registry::{IndexEntry, Registry, RepositoryState, UNKNOWN_MODEL};
+use crate::rollout::{Plan, RolloutStatus};
 use crate::scheduler::Timing;
 use crate::scheduler::policy::RequestOptions;
 use crate::scheduler::sequence::{Owner, SequenceRequest};
@@ -194,6 +196,22 @@ impl Service {
         self.lifecycle.resolve(name, version).await
     }
 
+    /// The model an inference request for `name` (and `version`) reaches:
+    /// as [`Service::model`], but a request that names no version goes
+    /// where the model's rollout sends it (`header` looks up the request's
+    /// headers or gRPC metadata, for a sticky rollout).
+    ///
+    /// # Errors
+    /// As [`Lifecycle::resolve`].
+    pub async fn model_for_request(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        header: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<Arc<Model>, Error> {
+        self.lifecycle.route(name, version, header).await
+    }
+
     /// Model readiness (`/v2/models/{m}/ready`, `ModelReady`): whether the
     /// version is READY now; never loads.
     ///
@@ -264,6 +282,40 @@ impl Service {
     pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
         let rows = self.registry().index();
         rows.into_iter().filter(|r| !ready_only || r.state == RepositoryState::Ready).collect()
+    }
+
+    /// Starts a rollout of `name` with the JSON `plan` (in any control
+    /// mode: both versions must be READY).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a plan that does not parse or
+    /// versions that are not READY; [`Error::NotFound`] for an unknown
+    /// model.
+    pub fn start_rollout(&self, name: &str, plan: &[u8]) -> Result<RolloutStatus, Error> {
+        let plan = Plan::parse(plan).map_err(Error::InvalidArgument)?;
+        self.lifecycle.start_rollout(name, plan)
+    }
+
+    /// `name`'s rollout, in progress or finished.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when it has none.
+    pub fn rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
+        self.lifecycle.rollout(name).ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout")))
+    }
+
+    /// Every model's rollout.
+    pub fn rollouts(&self) -> Vec<RolloutStatus> {
+        self.lifecycle.rollouts()
+    }
+
+    /// Cancels `name`'s rollout in progress: the serving version takes
+    /// every request back.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when it has none in progress.
+    pub fn cancel_rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
+        self.lifecycle.cancel_rollout(name)
     }
 
     /// The repository extension's `load`: loads the model, or reloads what
@@ -367,7 +419,10 @@ impl Service {
             ))));
         }
         let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
-        let (outputs, timing) = model.infer(call.tensors, &call.requested, call.options, &runner).await?;
+        let started = Instant::now();
+        let result = model.infer(call.tensors, &call.requested, call.options, &runner).await;
+        self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+        let (outputs, timing) = result?;
         Ok(Inferred { outputs, timing, request })
     }
 
@@ -385,7 +440,10 @@ impl Service {
     ) -> Result<(RawResponse, PredictTiming), Error> {
         tracing::debug!(model = %model.name, version = model.version, "predict: accepted");
         let context = CallContext { runner: self.lifecycle.clone(), chain: Vec::new(), sequence: None, trace };
-        model.predict_within(request, context).await
+        let started = Instant::now();
+        let result = model.predict_within(request, context).await;
+        self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+        result
     }
 }
 

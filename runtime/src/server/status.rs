@@ -2,8 +2,9 @@
 //! browser wants to see. Every model version with its state, reason,
 //! platform and resident bytes; per version the request and failure rates
 //! and p50 / p99 latency over the last minute, and the queue depth now; the
-//! residency budget; in explicit mode, buttons that load and unload models
-//! through the repository API.
+//! residency budget; each rollout's phase, step, candidate share and the
+//! figures its rules judge; in explicit mode, buttons that load and unload
+//! models through the repository API.
 //!
 //! It reads the counters the metrics already keep ([`LiveCounts`]),
 //! sampled every [`SAMPLE_EVERY`] by a background task, so a page view
@@ -22,6 +23,7 @@ use crate::lifecycle::ControlMode;
 use crate::metrics::LiveCounts;
 use crate::registry::RepositoryState;
 use crate::residency::human;
+use crate::rollout::RolloutStatus;
 
 /// How often the counters are sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -86,6 +88,38 @@ struct Row {
     queue: String,
 }
 
+/// One model's rollout on the page, every figure already formatted.
+struct RolloutRow {
+    model: String,
+    versions: String,
+    phase: &'static str,
+    step: String,
+    percent: String,
+    candidate: String,
+    serving: String,
+    p99_ratio: String,
+    reason: String,
+}
+
+impl RolloutRow {
+    fn of(r: &RolloutStatus) -> RolloutRow {
+        let side = |f: &crate::rollout::Figures| {
+            format!("{} requests, {} failed, p99 {:.2} ms", f.requests, f.failures, f.p99_us as f64 / 1000.0)
+        };
+        RolloutRow {
+            model: r.model.clone(),
+            versions: format!("{} → {}", r.serving, r.candidate),
+            phase: r.phase.as_str(),
+            step: format!("{} of {}", r.step, r.steps),
+            percent: format!("{}", r.percent),
+            candidate: side(&r.candidate_window),
+            serving: side(&r.serving_window),
+            p99_ratio: r.p99_ratio.map_or_else(|| "—".to_owned(), |x| format!("{x:.2}")),
+            reason: r.reason.clone(),
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "status.html")]
 struct Page {
@@ -95,6 +129,7 @@ struct Page {
     explicit: bool,
     window_s: u64,
     rows: Vec<Row>,
+    rollouts: Vec<RolloutRow>,
     resident: String,
     budget: String,
 }
@@ -156,6 +191,7 @@ fn build(service: &Service) -> Page {
         explicit: service.lifecycle.mode() == ControlMode::Explicit,
         window_s: seconds.round() as u64,
         rows,
+        rollouts: service.rollouts().iter().map(RolloutRow::of).collect(),
         resident: human(total),
         budget: budget.map_or_else(|| "no --model-memory-budget".to_owned(), human),
     }

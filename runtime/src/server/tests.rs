@@ -163,7 +163,7 @@ async fn load_and_unload_follow_the_control_mode() {
         ),
         (
             r#"{"parameters": {"filename": "x"}}"#,
-            "unknown load parameter 'filename'; a load takes 'config' and 'file:<version>/<name>'",
+            "unknown load parameter 'filename'; a load takes 'config', 'rollout' and 'file:<version>/<name>'",
         ),
         (
             r#"{"parameters": {"file:1/model.onnx": ""}}"#,

@@ -18,18 +18,20 @@ pub fn version(v: &str) -> Result<Option<u64>, Error> {
     if v.is_empty() { Ok(None) } else { service::parse_version(v).map(Some) }
 }
 
-/// The W3C trace context a call's metadata carries.
+/// What a call's metadata says about its requests: the W3C trace
+/// context, and every entry (a sticky rollout keys on one).
 #[derive(Clone, Default)]
 pub struct TraceHeaders {
     traceparent: Option<String>,
     tracestate: Option<String>,
+    metadata: MetadataMap,
 }
 
 impl TraceHeaders {
     /// The trace context of a call's `metadata`.
     pub fn of(metadata: &MetadataMap) -> TraceHeaders {
         let get = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        TraceHeaders { traceparent: get("traceparent"), tracestate: get("tracestate") }
+        TraceHeaders { traceparent: get("traceparent"), tracestate: get("tracestate"), metadata: metadata.clone() }
     }
 }
 
@@ -44,10 +46,10 @@ pub async fn traced_infer(
     let (method, headers) = call;
     let front = Front::Grpc(method);
     let span = service.start_trace(&r.model_name, front, headers.traceparent.as_deref(), headers.tracestate.as_deref());
-    let Some(span) = span else { return infer(service, r, stream, None).await };
+    let Some(span) = span else { return infer(service, r, stream, None, headers).await };
     // The request's log lines carry its trace id (`--log-format json`).
     let log = tracing::info_span!("request", trace_id = %span.trace_id());
-    let result = infer(service, r, stream, Some(span.clone())).instrument(log).await;
+    let result = infer(service, r, stream, Some(span.clone()), headers).instrument(log).await;
     let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
     span.set(KeyValue::new("rpc.grpc.status_code", code as i64));
     // OpenTelemetry's gRPC conventions: the codes that fail a server span.
@@ -68,14 +70,17 @@ pub async fn traced_infer(
 
 /// Runs one `ModelInferRequest` through the service core; `stream` is the
 /// `ModelStreamInfer` call it came on, if any (it owns the sequences it
-/// starts); `trace` its root span, when it is traced.
+/// starts); `trace` its root span, when it is traced; `headers` the call's
+/// metadata.
 async fn infer(
     service: &Service,
     r: pb::ModelInferRequest,
     stream: Option<Owner>,
     trace: Option<Span>,
+    headers: &TraceHeaders,
 ) -> Result<pb::ModelInferResponse, Status> {
-    let m = service.model(&r.model_name, version(&r.model_version)?).await?;
+    let header = |key: &str| headers.metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let m = service.model_for_request(&r.model_name, version(&r.model_version)?, &header).await?;
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = service

@@ -159,7 +159,7 @@ async fn load_and_unload_follow_the_control_mode() {
         ),
         (
             load("new", &[("filename", R::StringParam("x".into()))]),
-            "unknown load parameter 'filename'; a load takes 'config' and 'file:<version>/<name>'",
+            "unknown load parameter 'filename'; a load takes 'config', 'rollout' and 'file:<version>/<name>'",
         ),
         (
             load("new", &[("file:1/model.onnx", R::BytesParam(vec![]))]),

@@ -1,0 +1,131 @@
+//! Rollouts through the lifecycle: starting one checks both versions are
+//! READY, requests that name no version are routed by it, and what it
+//! decides is carried out (a rolled-back candidate is marked with the
+//! reason; a promoted one stays the only version).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Lifecycle;
+use crate::error::Error;
+use crate::model::Model;
+use crate::rollout::{Plan, RolloutStatus, Transition};
+
+impl Lifecycle {
+    /// Starts a rollout of `name` to `plan.candidate` from `plan.serving`
+    /// (by default the highest READY version below the candidate),
+    /// replacing any earlier rollout of the model.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
+    /// when the candidate or the serving version is not READY, or there is
+    /// no READY version below the candidate to serve meanwhile.
+    pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
+        let registry = &self.core.registry;
+        let ready = registry.ready_versions(name);
+        if ready.is_empty() {
+            registry.resolve(name, None)?;
+        }
+        let not_ready = |role: &str, v: u64| {
+            Error::InvalidArgument(format!(
+                "rollout of '{name}': the {role} version {v} is not READY (READY versions: {ready:?}); load it first, \
+                 with a version_policy that selects both versions"
+            ))
+        };
+        if !ready.contains(&plan.candidate) {
+            return Err(not_ready("candidate", plan.candidate));
+        }
+        let serving = match plan.serving {
+            Some(v) if ready.contains(&v) => v,
+            Some(v) => return Err(not_ready("serving", v)),
+            None => ready.iter().copied().filter(|v| *v < plan.candidate).max().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rollout of '{name}': no READY version below candidate {} to serve meanwhile (READY versions: \
+                     {ready:?}); name one as 'serving'",
+                    plan.candidate
+                ))
+            })?,
+        };
+        let status = self.core.rollouts.start(name, plan, serving);
+        tracing::info!(model = %name, serving, candidate = status.candidate, percent = status.percent,
+            "rollout started");
+        Ok(status)
+    }
+
+    /// Stops `name`'s rollout in canary: the serving version takes every
+    /// request back, and the candidate is marked cancelled.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the model has no rollout in canary.
+    pub fn cancel_rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
+        let transition = self
+            .core
+            .rollouts
+            .cancel(name, "cancelled through the API")
+            .ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout in progress")))?;
+        self.carry_out(name, transition);
+        self.rollout(name).ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout")))
+    }
+
+    /// `name`'s rollout, in progress or finished.
+    pub fn rollout(&self, name: &str) -> Option<RolloutStatus> {
+        self.core.rollouts.status(name)
+    }
+
+    /// Every model's rollout, by name.
+    pub fn rollouts(&self) -> Vec<RolloutStatus> {
+        self.core.rollouts.all()
+    }
+
+    /// The model a request for `name` reaches: with no `version`, the one
+    /// its rollout picks (`header` looks up the request's sticky header),
+    /// else as [`Lifecycle::resolve`].
+    ///
+    /// # Errors
+    /// As [`Lifecycle::resolve`].
+    pub async fn route(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        header: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<Arc<Model>, Error> {
+        let routed = if version.is_none() { self.core.rollouts.route(name, header) } else { None };
+        match routed {
+            // A version the rollout picks that is no longer READY (unloaded
+            // meanwhile) leaves the request to the usual choice.
+            Some(v) => match self.resolve(name, Some(v)).await {
+                Ok(model) => Ok(model),
+                Err(_) => self.resolve(name, None).await,
+            },
+            None => self.resolve(name, version).await,
+        }
+    }
+
+    /// Counts an answer of `model` for its rollout: `failed` when it failed
+    /// on the server's side; carries out what the rollout decides.
+    pub fn observe(self: &Arc<Self>, model: &Model, latency: Duration, failed: bool) {
+        if let Some(transition) = self.core.rollouts.observe(&model.name, model.version, latency, failed) {
+            self.carry_out(&model.name, transition);
+        }
+    }
+
+    fn carry_out(&self, name: &str, transition: Transition) {
+        match transition {
+            Transition::Advanced { step, percent } => {
+                tracing::info!(model = %name, step, percent, "rollout: next step");
+            }
+            Transition::RolledBack { candidate, reason } => {
+                tracing::warn!(model = %name, version = candidate, "rollout rolled back: {reason}");
+                // The candidate stays loaded for requests that name it, and
+                // says why it takes no other traffic.
+                self.core.registry.set_failed(name, candidate, &format!("rolled back: {reason}"));
+            }
+            Transition::Promoted { candidate, serving } => {
+                tracing::info!(model = %name, version = candidate, replaced = serving, "rollout promoted");
+                let core = self.core.clone();
+                let name = name.to_owned();
+                tokio::spawn(async move { core.keep_only(&name, candidate).await });
+            }
+        }
+    }
+}

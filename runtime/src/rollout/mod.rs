@@ -1,0 +1,414 @@
+//! Rollouts inside one server: a model's requests that name no version move
+//! from its serving version to a candidate version in canary steps, on
+//! evidence measured in the same window for both (the candidate's failures,
+//! its p99 latency against the serving version's), and move back at once
+//! when a rule is broken.
+//!
+//! This module decides (which version a request reaches, when a step ends,
+//! when the candidate is promoted or rolled back) and knows only version
+//! numbers; the lifecycle acts on its [`Transition`]s.
+
+mod plan;
+mod window;
+
+pub use plan::{DEFAULT_STEPS, Plan};
+pub use window::{Figures, Window};
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use crate::metrics::RolloutMetrics;
+
+/// Where a rollout is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Phase {
+    /// The candidate answers the current step's share of the requests.
+    Canary,
+    /// Every rule held through the last step: the candidate serves.
+    Promoted,
+    /// A rule was broken (or the rollout was cancelled): the serving
+    /// version takes every request back.
+    RolledBack,
+}
+
+impl Phase {
+    /// The phase as the API writes it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Canary => "CANARY",
+            Phase::Promoted => "PROMOTED",
+            Phase::RolledBack => "ROLLED_BACK",
+        }
+    }
+}
+
+/// A change a rollout made, for the lifecycle to act on and log.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    /// The next step began, with the candidate's new share in percent.
+    Advanced {
+        /// The step begun, counted from 1.
+        step: usize,
+        /// The candidate's share, in percent.
+        percent: f64,
+    },
+    /// The candidate serves every request that names no version.
+    Promoted {
+        /// The version promoted.
+        candidate: u64,
+        /// The version it replaces.
+        serving: u64,
+    },
+    /// The serving version takes every request back.
+    RolledBack {
+        /// The version rolled back.
+        candidate: u64,
+        /// Which rule was broken, with the figures.
+        reason: String,
+    },
+}
+
+/// One model's rollout.
+#[derive(Debug)]
+struct Rollout {
+    plan: Plan,
+    serving: u64,
+    phase: Phase,
+    /// The current step, from 0.
+    step: usize,
+    step_started: Instant,
+    started: SystemTime,
+    reason: String,
+    serving_window: Window,
+    candidate_window: Window,
+    /// Requests routed so far, for the split by count.
+    routed: u64,
+}
+
+impl Rollout {
+    fn new(mut plan: Plan, serving: u64, now: Instant) -> Rollout {
+        plan.serving = Some(serving);
+        Rollout {
+            plan,
+            serving,
+            phase: Phase::Canary,
+            step: 0,
+            step_started: now,
+            started: SystemTime::now(),
+            reason: String::new(),
+            serving_window: Window::default(),
+            candidate_window: Window::default(),
+            routed: 0,
+        }
+    }
+
+    fn percent(&self) -> f64 {
+        match self.phase {
+            Phase::Canary => self.plan.steps[self.step],
+            Phase::Promoted => 100.0,
+            Phase::RolledBack => 0.0,
+        }
+    }
+
+    /// The version a request that names none reaches; `key` is its sticky
+    /// header's value, when the plan names one and the request has it.
+    fn route(&mut self, key: Option<&str>) -> u64 {
+        let percent = self.percent();
+        let to_candidate = match key {
+            // The same key lands in the same bucket every time, and a bucket
+            // below the share stays below it as the share grows.
+            Some(key) => (bucket(key) as f64) < percent * 100.0,
+            // By count: request n goes to the candidate when the running
+            // share crosses a whole request, so the split is exact.
+            None => {
+                let n = self.routed as f64;
+                self.routed += 1;
+                ((n + 1.0) * percent / 100.0).floor() > (n * percent / 100.0).floor()
+            }
+        };
+        if to_candidate { self.plan.candidate } else { self.serving }
+    }
+
+    /// Counts a request `version` answered (or failed) in `latency`, and
+    /// judges the rules.
+    fn observe(&mut self, version: u64, latency: Duration, failed: bool, now: Instant) -> Option<Transition> {
+        if self.phase != Phase::Canary {
+            return None;
+        }
+        if version == self.plan.candidate {
+            self.candidate_window.record(latency, failed);
+        } else if version == self.serving {
+            self.serving_window.record(latency, failed);
+        } else {
+            return None;
+        }
+        self.judge(now)
+    }
+
+    /// The first broken rule rolls back; a step that lasted its dwell time
+    /// with enough candidate requests ends.
+    fn judge(&mut self, now: Instant) -> Option<Transition> {
+        if let Some(reason) = self.broken_rule() {
+            return Some(self.roll_back(reason));
+        }
+        let dwelt = now.duration_since(self.step_started) >= self.plan.dwell();
+        let measured = self.candidate_window.requests >= self.plan.min_requests
+            && self.serving_window.requests >= self.plan.min_requests;
+        if !(dwelt && measured) {
+            return None;
+        }
+        if self.step + 1 == self.plan.steps.len() {
+            self.phase = Phase::Promoted;
+            return Some(Transition::Promoted { candidate: self.plan.candidate, serving: self.serving });
+        }
+        self.step += 1;
+        self.step_started = now;
+        self.candidate_window = Window::default();
+        // At 100 % the serving version gets no share to measure: the
+        // latency rule compares against the previous step's figures.
+        if self.plan.steps[self.step] < 100.0 {
+            self.serving_window = Window::default();
+        }
+        Some(Transition::Advanced { step: self.step + 1, percent: self.plan.steps[self.step] })
+    }
+
+    fn broken_rule(&self) -> Option<String> {
+        let (plan, c, s) = (&self.plan, &self.candidate_window, &self.serving_window);
+        // Judged from the first failure, but over at least min_requests, so
+        // one early failure of few requests is not a rate of 100 %.
+        let allowed = plan.max_error_rate * c.requests.max(plan.min_requests) as f64;
+        if c.failures as f64 > allowed {
+            return Some(format!(
+                "error rate: {} of {} requests failed on version {} ({:.1} %), more than max_error_rate {} allows",
+                c.failures,
+                c.requests,
+                plan.candidate,
+                c.error_rate() * 100.0,
+                plan.max_error_rate
+            ));
+        }
+        if c.requests >= plan.min_requests && s.requests >= plan.min_requests {
+            let ratio = c.p99_us() as f64 / s.p99_us().max(1) as f64;
+            let slower_us = c.p99_us().saturating_sub(s.p99_us()) as f64;
+            if ratio > plan.max_p99_ratio && slower_us > plan.p99_slack_ms * 1000.0 {
+                return Some(format!(
+                    "p99 latency: version {} took {} µs, {:.2} times version {}'s {} µs, more than max_p99_ratio {}",
+                    plan.candidate,
+                    c.p99_us(),
+                    ratio,
+                    self.serving,
+                    s.p99_us(),
+                    plan.max_p99_ratio
+                ));
+            }
+        }
+        None
+    }
+
+    fn roll_back(&mut self, reason: String) -> Transition {
+        self.phase = Phase::RolledBack;
+        self.reason = reason.clone();
+        Transition::RolledBack { candidate: self.plan.candidate, reason }
+    }
+
+    fn status(&self, model: &str) -> RolloutStatus {
+        let (c, s) = (&self.candidate_window, &self.serving_window);
+        RolloutStatus {
+            model: model.to_owned(),
+            serving: self.serving,
+            candidate: self.plan.candidate,
+            phase: self.phase.clone(),
+            step: self.step + 1,
+            steps: self.plan.steps.len(),
+            percent: self.percent(),
+            reason: self.reason.clone(),
+            started_unix_ms: self.started.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            step_seconds: self.step_started.elapsed().as_secs_f64(),
+            serving_window: s.figures(),
+            candidate_window: c.figures(),
+            candidate_error_rate: c.error_rate(),
+            p99_ratio: (c.requests > 0 && s.requests > 0).then(|| c.p99_us() as f64 / s.p99_us().max(1) as f64),
+            plan: self.plan.clone(),
+        }
+    }
+}
+
+/// A stable bucket in [0, 10000) for a sticky key.
+fn bucket(key: &str) -> u64 {
+    // DefaultHasher::new has fixed keys: the same key gives the same bucket
+    // in every process of one build, so a client stays put across a
+    // restart too.
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish() % 10_000
+}
+
+/// A rollout as the API, the repository index and the status page show it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RolloutStatus {
+    /// The model.
+    pub model: String,
+    /// The version serving meanwhile.
+    pub serving: u64,
+    /// The version tried.
+    pub candidate: u64,
+    /// `CANARY`, `PROMOTED` or `ROLLED_BACK`.
+    pub phase: Phase,
+    /// The current step, from 1.
+    pub step: usize,
+    /// Steps in the plan.
+    pub steps: usize,
+    /// The candidate's share of the requests that name no version, in
+    /// percent.
+    pub percent: f64,
+    /// Why it was rolled back; else empty.
+    pub reason: String,
+    /// When it started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// Seconds since the current step began.
+    pub step_seconds: f64,
+    /// The serving version's figures in the step.
+    pub serving_window: Figures,
+    /// The candidate's figures in the step.
+    pub candidate_window: Figures,
+    /// The candidate's share of failed requests in the step.
+    pub candidate_error_rate: f64,
+    /// The candidate's p99 latency over the serving version's, once both
+    /// have answered in the step.
+    pub p99_ratio: Option<f64>,
+    /// The plan, defaults filled in.
+    pub plan: Plan,
+}
+
+/// Every model's rollout.
+pub struct Rollouts {
+    by_model: Mutex<HashMap<String, Rollout>>,
+    /// Rollouts kept (in any phase): requests skip the lock while there
+    /// are none.
+    kept: AtomicUsize,
+    /// Rollouts in canary: answers skip the lock while there are none.
+    live: AtomicUsize,
+    metrics: Arc<RolloutMetrics>,
+}
+
+impl Rollouts {
+    /// No rollouts, counted in `metrics`.
+    pub fn new(metrics: Arc<RolloutMetrics>) -> Rollouts {
+        Rollouts { by_model: Mutex::default(), kept: AtomicUsize::new(0), live: AtomicUsize::new(0), metrics }
+    }
+
+    /// Starts a rollout of `model` from `serving` to `plan.candidate`,
+    /// replacing any earlier one of the model.
+    pub fn start(&self, model: &str, plan: Plan, serving: u64) -> RolloutStatus {
+        let rollout = Rollout::new(plan, serving, Instant::now());
+        let status = rollout.status(model);
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        match by_model.insert(model.to_owned(), rollout) {
+            None => {
+                self.kept.fetch_add(1, Ordering::AcqRel);
+                self.live.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(old) if old.phase != Phase::Canary => {
+                self.live.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(_) => {}
+        }
+        self.record(model, &status);
+        status
+    }
+
+    /// The version a request for `model` that names no version reaches,
+    /// when a rollout of it decides; `header` looks up a request header
+    /// (for the plan's `sticky_header`).
+    pub fn route(&self, model: &str, header: &(dyn Fn(&str) -> Option<String> + Sync)) -> Option<u64> {
+        if self.kept.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get_mut(model)?;
+        let key = rollout.plan.sticky_header.as_deref().and_then(header);
+        Some(match rollout.phase {
+            Phase::Canary => rollout.route(key.as_deref()),
+            Phase::Promoted => rollout.plan.candidate,
+            Phase::RolledBack => rollout.serving,
+        })
+    }
+
+    /// Counts a request that `version` of `model` answered (`failed`: on the
+    /// server's side) in `latency`; returns what the rollout did about it.
+    pub fn observe(&self, model: &str, version: u64, latency: Duration, failed: bool) -> Option<Transition> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get_mut(model)?;
+        let role = if version == rollout.plan.candidate { "candidate" } else { "serving" };
+        let transition = rollout.observe(version, latency, failed, Instant::now());
+        if rollout.phase == Phase::Canary || transition.is_some() {
+            let outcome = if failed { "failure" } else { "success" };
+            self.metrics.requests.with_label_values(&[model, role, outcome]).inc();
+        }
+        if let Some(transition) = &transition {
+            let status = rollout.status(model);
+            if !matches!(transition, Transition::Advanced { .. }) {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.record(model, &status);
+        }
+        transition
+    }
+
+    /// Stops `model`'s rollout in canary: the serving version takes every
+    /// request back, with `reason`. `None` when it has none in canary.
+    pub fn cancel(&self, model: &str, reason: &str) -> Option<Transition> {
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get_mut(model).filter(|r| r.phase == Phase::Canary)?;
+        let transition = rollout.roll_back(reason.to_owned());
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        let status = rollout.status(model);
+        self.record(model, &status);
+        Some(transition)
+    }
+
+    /// Forgets `model`'s rollout (the model was unloaded).
+    pub fn forget(&self, model: &str) {
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        if let Some(old) = by_model.remove(model) {
+            self.kept.fetch_sub(1, Ordering::AcqRel);
+            if old.phase == Phase::Canary {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.metrics.forget(model);
+    }
+
+    /// `model`'s rollout, if it has one (in canary or finished).
+    pub fn status(&self, model: &str) -> Option<RolloutStatus> {
+        self.by_model.lock().expect("rollouts lock").get(model).map(|r| r.status(model))
+    }
+
+    /// Every rollout, by model name.
+    pub fn all(&self) -> Vec<RolloutStatus> {
+        let by_model = self.by_model.lock().expect("rollouts lock");
+        let mut all: Vec<RolloutStatus> = by_model.iter().map(|(m, r)| r.status(m)).collect();
+        all.sort_by(|a, b| a.model.cmp(&b.model));
+        all
+    }
+
+    fn record(&self, model: &str, status: &RolloutStatus) {
+        self.metrics.percent.with_label_values(&[model]).set(status.percent);
+        for phase in [Phase::Canary, Phase::Promoted, Phase::RolledBack] {
+            let on = status.phase == phase;
+            self.metrics.phase.with_label_values(&[model, phase.as_str()]).set(i64::from(on));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! A rollout's plan: which version is tried, in which steps, and the rules
+//! that promote it or roll it back. Written as JSON in
+//! `POST /v2/repository/models/{m}/rollout` or in a model's `config.pbtxt`
+//! parameter `rollout`; a field this page does not name is refused by name.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The canary steps when a plan names none: the percentages of
+/// unversioned requests the candidate answers, one after another.
+pub const DEFAULT_STEPS: [f64; 4] = [1.0, 10.0, 50.0, 100.0];
+
+/// A rollout of a model from its serving version to a candidate version.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// The version tried. Must be READY when the rollout starts.
+    pub candidate: u64,
+    /// The version that serves meanwhile and takes the traffic back on a
+    /// rollback; by default the highest READY version below the candidate.
+    #[serde(default)]
+    pub serving: Option<u64>,
+    /// Percentages of the requests that name no version answered by the
+    /// candidate, step after step: increasing, each in (0, 100], the last
+    /// 100.
+    #[serde(default = "default_steps")]
+    pub steps: Vec<f64>,
+    /// How long each step lasts at least, in seconds.
+    #[serde(default = "default_dwell_secs")]
+    pub dwell_secs: f64,
+    /// Requests the candidate answers in a step before the step may end and
+    /// before the latency rule judges it.
+    #[serde(default = "default_min_requests")]
+    pub min_requests: u64,
+    /// The largest share of the candidate's requests that may fail on the
+    /// server's side (HTTP 500 or 502) in a step; judged on every answer,
+    /// over at least `min_requests` requests.
+    #[serde(default = "default_max_error_rate")]
+    pub max_error_rate: f64,
+    /// The largest ratio of the candidate's p99 latency to the serving
+    /// version's, both measured in the same step.
+    #[serde(default = "default_max_p99_ratio")]
+    pub max_p99_ratio: f64,
+    /// A candidate p99 within this many milliseconds of the serving
+    /// version's never breaks the latency rule: at sub-millisecond
+    /// latencies a ratio measures scheduling noise, not the model.
+    #[serde(default = "default_p99_slack_ms")]
+    pub p99_slack_ms: f64,
+    /// A request header whose value keeps one client on one version during
+    /// a step (a value in the candidate's share stays in it as the share
+    /// grows). Without it, requests are split by count.
+    #[serde(default)]
+    pub sticky_header: Option<String>,
+}
+
+fn default_steps() -> Vec<f64> {
+    DEFAULT_STEPS.to_vec()
+}
+fn default_dwell_secs() -> f64 {
+    60.0
+}
+fn default_min_requests() -> u64 {
+    50
+}
+fn default_max_error_rate() -> f64 {
+    0.01
+}
+fn default_max_p99_ratio() -> f64 {
+    1.5
+}
+fn default_p99_slack_ms() -> f64 {
+    1.0
+}
+
+impl Plan {
+    /// Reads a plan from JSON.
+    ///
+    /// # Errors
+    /// A message naming the field that is unknown, missing, of the wrong
+    /// type or out of range.
+    pub fn parse(json: &[u8]) -> Result<Plan, String> {
+        let plan: Plan = serde_json::from_slice(json).map_err(|e| format!("rollout plan: {e}"))?;
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// The dwell time of each step.
+    pub fn dwell(&self) -> Duration {
+        Duration::from_secs_f64(self.dwell_secs)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let refuse = |m: String| Err(format!("rollout plan: {m}"));
+        if self.steps.is_empty() {
+            return refuse("'steps' is empty; give percentages ending at 100".into());
+        }
+        if self.steps.iter().any(|s| !(*s > 0.0 && *s <= 100.0)) {
+            return refuse(format!("'steps' must be percentages in (0, 100], got {:?}", self.steps));
+        }
+        if self.steps.windows(2).any(|w| w[0] >= w[1]) {
+            return refuse(format!("'steps' must increase, got {:?}", self.steps));
+        }
+        if self.steps.last() != Some(&100.0) {
+            return refuse(format!("the last of 'steps' must be 100, got {:?}", self.steps));
+        }
+        if !(self.dwell_secs.is_finite() && self.dwell_secs >= 0.0) {
+            return refuse(format!("'dwell_secs' must be 0 or more, got {}", self.dwell_secs));
+        }
+        if self.min_requests == 0 {
+            return refuse("'min_requests' must be 1 or more".into());
+        }
+        if !(0.0..=1.0).contains(&self.max_error_rate) {
+            return refuse(format!("'max_error_rate' must be in [0, 1], got {}", self.max_error_rate));
+        }
+        if !(self.max_p99_ratio.is_finite() && self.max_p99_ratio >= 1.0) {
+            return refuse(format!("'max_p99_ratio' must be 1 or more, got {}", self.max_p99_ratio));
+        }
+        if !(self.p99_slack_ms.is_finite() && self.p99_slack_ms >= 0.0) {
+            return refuse(format!("'p99_slack_ms' must be 0 or more, got {}", self.p99_slack_ms));
+        }
+        if self.serving == Some(self.candidate) {
+            return refuse(format!("'serving' and 'candidate' are both version {}", self.candidate));
+        }
+        if self.sticky_header.as_deref().is_some_and(|h| h.is_empty() || !h.is_ascii()) {
+            return refuse("'sticky_header' must be a header name".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_what_a_plan_leaves_out() {
+        let plan = Plan::parse(br#"{"candidate": 2}"#).unwrap();
+        assert_eq!(plan.steps, DEFAULT_STEPS);
+        assert_eq!((plan.serving, plan.min_requests, plan.sticky_header), (None, 50, None));
+    }
+
+    #[test]
+    fn a_wrong_field_is_refused_by_name() {
+        for (json, words) in [
+            (r#"{"candidate": 2, "step": [100]}"#, "unknown field `step`"),
+            (r#"{"serving": 1}"#, "missing field `candidate`"),
+            (r#"{"candidate": 2, "steps": [10, 5, 100]}"#, "'steps' must increase"),
+            (r#"{"candidate": 2, "steps": [10, 50]}"#, "the last of 'steps' must be 100"),
+            (r#"{"candidate": 2, "steps": [0, 100]}"#, "in (0, 100]"),
+            (r#"{"candidate": 2, "max_error_rate": 2}"#, "'max_error_rate' must be in [0, 1]"),
+            (r#"{"candidate": 2, "max_p99_ratio": 0.5}"#, "'max_p99_ratio' must be 1 or more"),
+            (r#"{"candidate": 2, "serving": 2}"#, "both version 2"),
+            (r#"{"candidate": 2, "min_requests": 0}"#, "'min_requests' must be 1 or more"),
+        ] {
+            let e = Plan::parse(json.as_bytes()).unwrap_err();
+            assert!(e.contains(words), "{json}: {e}");
+        }
+    }
+}

@@ -1,0 +1,103 @@
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn plan(json: &str) -> Plan {
+    Plan::parse(json.as_bytes()).unwrap()
+}
+
+const FAST: Duration = Duration::from_millis(1);
+
+#[test]
+fn a_split_by_count_gives_the_candidate_its_exact_share() {
+    let mut rollout = Rollout::new(plan(r#"{"candidate": 2, "steps": [10, 100]}"#), 1, Instant::now());
+    let to_candidate = (0..1000).filter(|_| rollout.route(None) == 2).count();
+    assert_eq!(to_candidate, 100);
+}
+
+#[test]
+fn a_sticky_key_meets_one_version_and_stays_with_the_candidate_as_its_share_grows() {
+    let mut rollout =
+        Rollout::new(plan(r#"{"candidate": 2, "steps": [10, 50, 100], "sticky_header": "x-user"}"#), 1, Instant::now());
+    let keys: Vec<String> = (0..2000).map(|i| format!("user-{i}")).collect();
+    let first: Vec<u64> = keys.iter().map(|k| rollout.route(Some(k))).collect();
+    assert_eq!(first, keys.iter().map(|k| rollout.route(Some(k))).collect::<Vec<_>>(), "one key, one version");
+    let share = first.iter().filter(|v| **v == 2).count();
+    assert!((100..300).contains(&share), "about 10 % of keys: {share}");
+    rollout.step = 1;
+    for (key, before) in keys.iter().zip(&first) {
+        if *before == 2 {
+            assert_eq!(rollout.route(Some(key)), 2, "{key} stays on the candidate");
+        }
+    }
+}
+
+#[test]
+fn failures_past_the_rate_roll_back_at_once() {
+    let now = Instant::now();
+    let mut rollout = Rollout::new(
+        plan(r#"{"candidate": 2, "steps": [10, 100], "min_requests": 20, "max_error_rate": 0.05}"#),
+        1,
+        now,
+    );
+    // One failure in 20 is within 5 %; the second is not.
+    assert_eq!(rollout.observe(2, FAST, true, now), None);
+    let Some(Transition::RolledBack { candidate: 2, reason }) = rollout.observe(2, FAST, true, now) else {
+        panic!("rolled back")
+    };
+    assert!(reason.starts_with("error rate: 2 of 2 requests failed on version 2"), "{reason}");
+    assert_eq!(rollout.route(None), 1, "every request back on version 1");
+    assert_eq!(rollout.observe(2, FAST, true, now), None, "a finished rollout judges nothing");
+}
+
+#[test]
+fn a_slow_candidate_is_rolled_back_on_p99_once_both_sides_are_measured() {
+    let now = Instant::now();
+    let mut rollout = Rollout::new(plan(r#"{"candidate": 2, "min_requests": 10, "max_p99_ratio": 1.5}"#), 1, now);
+    // Three times as slow, but within the slack: noise, not a regression.
+    let mut fast = Rollout::new(plan(r#"{"candidate": 2, "min_requests": 10, "p99_slack_ms": 1}"#), 1, now);
+    for _ in 0..10 {
+        fast.observe(1, Duration::from_micros(100), false, now);
+    }
+    for _ in 0..10 {
+        assert_eq!(fast.observe(2, Duration::from_micros(300), false, now), None);
+    }
+    for _ in 0..10 {
+        assert_eq!(rollout.observe(1, Duration::from_millis(10), false, now), None);
+    }
+    for _ in 0..9 {
+        assert_eq!(rollout.observe(2, Duration::from_millis(30), false, now), None);
+    }
+    let Some(Transition::RolledBack { reason, .. }) = rollout.observe(2, Duration::from_millis(30), false, now) else {
+        panic!("rolled back")
+    };
+    assert!(reason.starts_with("p99 latency: version 2 took"), "{reason}");
+}
+
+#[test]
+fn a_good_candidate_goes_through_every_step_after_its_dwell_and_is_promoted() {
+    let start = Instant::now();
+    let mut rollout =
+        Rollout::new(plan(r#"{"candidate": 2, "steps": [10, 50, 100], "dwell_secs": 5, "min_requests": 3}"#), 1, start);
+    let feed = |rollout: &mut Rollout, at: Instant| {
+        let mut last = None;
+        for version in [1, 2, 1, 2, 1, 2] {
+            last = rollout.observe(version, FAST, false, at).or(last);
+        }
+        last
+    };
+    assert_eq!(feed(&mut rollout, start), None, "the dwell time has not passed");
+    let later = start + Duration::from_secs(5);
+    assert_eq!(feed(&mut rollout, later), Some(Transition::Advanced { step: 2, percent: 50.0 }));
+    let later = later + Duration::from_secs(5);
+    assert_eq!(feed(&mut rollout, later), Some(Transition::Advanced { step: 3, percent: 100.0 }));
+    // At 100 % only the candidate answers; the serving side keeps the
+    // previous step's figures for the latency rule.
+    let later = later + Duration::from_secs(5);
+    let mut promoted = None;
+    for _ in 0..3 {
+        promoted = rollout.observe(2, FAST, false, later).or(promoted);
+    }
+    assert_eq!(promoted, Some(Transition::Promoted { candidate: 2, serving: 1 }));
+    assert_eq!(rollout.route(None), 2);
+}
