@@ -2,9 +2,11 @@
 small request (4 FP32 through an ONNX identity model, as JSON) to a model
 with two READY versions, first with no rollout, then while a rollout
 splits its requests 50/50 by count, then while it splits them by a sticky
-header. Prints p50 and p99 of each and their ratios to the first; the
+header, then while every request is also run on the candidate in a shadow
+phase. Prints p50 and p99 of each and their ratios to the first; the
 rollout adds a routing choice under one lock and one histogram entry per
-answer.
+answer, shadowing a copy of the inputs and the answer and a second run
+of the request beside the client's next one.
 
 Usage: .venv/bin/python bench/rollout.py   (after `make setup`)
 """
@@ -48,8 +50,14 @@ def main():
             sticky = {**plan, "sticky_header": "x-user"}
             call(server, "/v2/repository/models/ro/rollout", json.dumps(sticky).encode())
             rows.append(("rollout, sticky header", timed(server, {"x-user": "client-7"})))
+            shadow = {"candidate": 2, "shadow": {"percent": 100, "requests": 10**9}}
+            call(server, "/v2/repository/models/ro/rollout", json.dumps(shadow).encode())
+            rows.append(("shadowing every request", timed(server)))
+            compared = call(server, "/v2/repository/models/ro/rollout")[1]["shadow"]
         finally:
             server.stop()
+    print(f"shadow: {compared['compared']} compared, {compared['disagreed']} differed, "
+          f"{compared['dropped']} dropped")
     base_p50, base_p99 = rows[0][1]
     for name, (p50, p99) in rows:
         print(f"{name:26s} p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "

@@ -9,6 +9,8 @@
 #   /usr/share/doc/PKG/     those libraries' Debian copyright files (their licences)
 #   /var/lib/dpkg/status.d/ and /etc/os-release: which Debian packages the
 #                           libraries come from, for image scanners (as distroless images do)
+#   /etc/ssl/certs/         Debian's CA certificates, which the server's TLS clients
+#                           (object storage over HTTPS, the OTLP exporter) verify servers by
 #   /etc/passwd, /etc/group the user plinth, 10001:10001, home /home/plinth (its own)
 #   /tmp, /models           scratch space, and where the model repository is mounted
 #   /proc, /sys, /dev       empty mount points
@@ -121,6 +123,14 @@ for lib in $(printf '%s\n' "${!libraries[@]}" | sort); do
     echo "   $lib${package:+ ($package)}"
     if [[ -n $package ]]; then packages[$package]=1; fi
 done
+
+echo "-- root filesystem: the CA certificates"
+bundle_of_roots=/etc/ssl/certs/ca-certificates.crt
+[[ -f $bundle_of_roots ]] \
+    || { echo "$bundle_of_roots is missing: apt-get install ca-certificates (or run \`scripts/setup.sh test\`)" >&2; exit 1; }
+mkdir -p "$root/etc/ssl/certs"
+cp "$bundle_of_roots" "$root/etc/ssl/certs/ca-certificates.crt"
+packages[ca-certificates]=1
 
 echo "-- root filesystem: licences and package records of ${!packages[*]}"
 mkdir -p "$root/var/lib/dpkg/status.d"

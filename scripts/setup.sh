@@ -28,7 +28,7 @@ STEPS=(
     "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/"
     "samples|models|9 MB|scikit-learn's sample photos in .cache/samples (china.jpg, flower.jpg)"
     "python-tools|test|625 MB on disk|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
-    "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc, openssl, curl (apt, as root)"
+    "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc, openssl, curl, ca-certificates (apt, as root)"
     "perf-analyzer|test|260 MB on disk|Triton's perf_analyzer (tritonclient 2.51.0) in .cache/perf-analyzer"
     "kserve|test|630 MB on disk|the KServe Python model server in .cache/bench/kserve, a real remote for the tests"
     "azurite|test|186 MB on disk|Azurite, Azure Blob Storage's emulator, in .cache/azurite (npm), a real object store for the tests"
@@ -224,9 +224,11 @@ step_debian_packages() {
     # umoci builds the container image (scripts/image.sh) and podman runs it
     # in its test, on runc (crun, podman's default, refuses machines whose
     # cgroups are mixed v1 and v2); openssl makes the TLS tests'
-    # certificates and curl calls the HTTPS port.
+    # certificates and curl calls the HTTPS port; ca-certificates are the
+    # roots the container image ships for the server's TLS clients.
     local missing=() package
-    for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light umoci podman runc openssl curl; do
+    for package in libb64-0d espeak-ng chromium chromium-driver wrk nginx-light umoci podman runc openssl curl \
+        ca-certificates; do
         dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
     done
     if [[ ${#missing[@]} == 0 ]]; then

@@ -1,8 +1,9 @@
 """Rollouts inside one server, through the real binary under concurrent
-traffic: a candidate that fails a fifth of its requests and one many times
-slower are rolled back on their own evidence; a good one is promoted
-through every step with no failed request; a sticky header keeps one
-client on one version. The models are ONNX graphs written here: version 1
+traffic: a candidate that fails a fifth of its requests and one three times
+slower are rolled back on their own evidence; one whose answers differ is
+refused in the shadow phase before it answers anybody; a good one is
+promoted through shadowing and every step with no failed request; a sticky
+header keeps one client on one version. The models are ONNX graphs written here: version 1
 answers its input as it came; each candidate version 2 does too, but
 fails, or works three times as long, or not, as the test needs."""
 
@@ -51,6 +52,12 @@ def failing(path):
         helper.make_node("Reshape", ["X", "shape"], ["Y"]),
     ], [numpy_helper.from_array(np.array([0], np.int64), "zero"),
         numpy_helper.from_array(np.array([1], np.int64), "one")])
+
+
+def off_by_one(path):
+    """Y = X + 1: answers that differ from version 1's."""
+    save_graph(path, [helper.make_node("Add", ["X", "one"], ["Y"])],
+               [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
 
 
 def working(products):
@@ -316,3 +323,39 @@ def test_the_status_page_shows_a_rollout_in_a_browser(tmp_path):
     finally:
         browser.quit()
         server.stop()
+
+
+def test_a_candidate_whose_answers_differ_is_refused_in_the_shadow_phase(tmp_path):
+    server = explicit_server(repository(tmp_path, off_by_one))
+    try:
+        start(server, {"candidate": 2, "min_requests": 20, "shadow": {"requests": 100}})
+        assert rollout(server)["phase"] == "SHADOW"
+        traffic = Traffic(server)
+        wait_until("the rollout ends", lambda: rollout(server)["phase"] != "SHADOW")
+        answers = traffic.stop()
+        status = rollout(server)
+        text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=HANG_GUARD_S).read().decode()
+    finally:
+        server.stop()
+    assert status["phase"] == "ROLLED_BACK", status
+    assert status["reason"].startswith("answers: 1 of 1 shadowed requests differed on version 2"), status
+    assert "first: output 'Y' element 0: 5 against 4 (tolerance 0)" in status["reason"], status
+    assert status["candidate_window"]["requests"] == 0
+    assert {a[3] for a in answers} == {"1"}, "version 2 answered nobody"
+    assert all(a[2] == 200 for a in answers)
+    assert 'plinth_rollout_shadow_total{model="ro",result="disagreed"} 1' in text
+
+
+def test_a_good_candidate_goes_from_shadow_to_promoted_with_no_failed_request(tmp_path):
+    server = explicit_server(repository(tmp_path, identity))
+    try:
+        start(server, {"candidate": 2, "steps": [50, 100], "dwell_secs": 0, "min_requests": 20,
+                       "p99_slack_ms": 1000, "shadow": {"requests": 50}})
+        traffic = Traffic(server)
+        wait_until("the candidate is promoted", lambda: rollout(server)["phase"] == "PROMOTED")
+        answers = traffic.stop()
+        status = rollout(server)
+    finally:
+        server.stop()
+    assert status["shadow"]["compared"] >= 50 and status["shadow"]["disagreed"] == 0, status
+    assert [a for a in answers if a[2] != 200] == []

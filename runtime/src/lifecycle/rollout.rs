@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use super::Lifecycle;
 use crate::error::Error;
-use crate::model::Model;
-use crate::rollout::{Plan, RolloutStatus, Transition};
+use crate::model::{Model, OutputRequest};
+use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
+use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare};
+use crate::scheduler::policy::RequestOptions;
+use crate::tensor::Tensor;
 
 impl Lifecycle {
     /// Starts a rollout of `name` to `plan.candidate` from `plan.serving`
@@ -109,10 +112,88 @@ impl Lifecycle {
         }
     }
 
+    /// Whether the request `model` is answering is also run on its
+    /// rollout's candidate (in the shadow phase). A ticket given must go
+    /// back: to [`Lifecycle::shadow_infer`] or [`Lifecycle::shadow_predict`]
+    /// with the serving version's answer, or to
+    /// [`Lifecycle::release_shadow`] when there is none.
+    pub fn shadow_ticket(&self, model: &Model) -> Option<ShadowTicket> {
+        self.core.rollouts.shadow_ticket(&model.name, model.version)
+    }
+
+    /// Lets go of a shadow ticket whose request failed on the serving
+    /// version.
+    pub fn release_shadow(&self, ticket: &ShadowTicket) {
+        self.core.rollouts.release(ticket);
+    }
+
+    /// Runs the request of `ticket` (`inputs`, `requested`) on the
+    /// candidate on a task of its own, after the serving version answered
+    /// `answer`, and counts whether the answers agree. Its answer goes
+    /// nowhere else.
+    pub fn shadow_infer(
+        self: &Arc<Self>,
+        ticket: ShadowTicket,
+        inputs: Vec<Tensor>,
+        requested: Vec<OutputRequest>,
+        answer: Vec<Tensor>,
+    ) {
+        let lifecycle = self.clone();
+        tokio::spawn(async move {
+            let outcome = match lifecycle.candidate_of(&ticket) {
+                Err(e) => Err(e),
+                Ok(candidate) => {
+                    let runner: Arc<dyn ModelRunner> = lifecycle.clone();
+                    match candidate.infer(inputs, &requested, RequestOptions::default(), &runner).await {
+                        Ok((outputs, _)) => compare::tensors(&answer, &outputs, &ticket.plan),
+                        Err(e) => Err(format!("failed: {e}")),
+                    }
+                }
+            };
+            lifecycle.shadowed(&ticket, outcome);
+        });
+    }
+
+    /// As [`Lifecycle::shadow_infer`], for a `/predict` request through the
+    /// model's plugin: the raw answers must be the same.
+    pub fn shadow_predict(self: &Arc<Self>, ticket: ShadowTicket, request: RawRequest, answer: RawResponse) {
+        let lifecycle = self.clone();
+        tokio::spawn(async move {
+            let outcome = match lifecycle.candidate_of(&ticket) {
+                Err(e) => Err(e),
+                Ok(candidate) => {
+                    let context =
+                        CallContext { runner: lifecycle.clone(), chain: Vec::new(), sequence: None, trace: None };
+                    match candidate.predict_within(request, context).await {
+                        Ok((got, _)) => {
+                            compare::raw((&answer.content_type, &answer.body), (&got.content_type, &got.body))
+                        }
+                        Err(e) => Err(format!("failed: {e}")),
+                    }
+                }
+            };
+            lifecycle.shadowed(&ticket, outcome);
+        });
+    }
+
+    fn candidate_of(&self, ticket: &ShadowTicket) -> Result<Arc<Model>, String> {
+        self.core
+            .registry
+            .resolve(&ticket.model, Some(ticket.candidate))
+            .map_err(|e| format!("version {} cannot run it: {e}", ticket.candidate))
+    }
+
+    fn shadowed(&self, ticket: &ShadowTicket, outcome: Result<(), String>) {
+        if let Some(transition) = self.core.rollouts.shadowed(ticket, outcome) {
+            self.carry_out(&ticket.model, transition);
+        }
+    }
+
     fn carry_out(&self, name: &str, transition: Transition) {
         match transition {
             Transition::Advanced { step, percent } => {
                 tracing::info!(model = %name, step, percent, "rollout: next step");
+                // The first canary step after a shadow phase the answers passed.
             }
             Transition::RolledBack { candidate, reason } => {
                 tracing::warn!(model = %name, version = candidate, "rollout rolled back: {reason}");

@@ -10,12 +10,16 @@ pub struct RolloutMetrics {
     /// The candidate's share of the requests that name no version, in
     /// percent, by model.
     pub percent: GaugeVec,
-    /// 1 for the rollout's phase (`CANARY`, `PROMOTED`, `ROLLED_BACK`), 0
+    /// 1 for the rollout's phase (`SHADOW`, `CANARY`, `PROMOTED`,
+    /// `ROLLED_BACK`), 0
     /// for the others, by model.
     pub phase: IntGaugeVec,
     /// Requests answered during a canary, by model, role (`serving`,
     /// `candidate`) and outcome (`success`, `failure`).
     pub requests: IntCounterVec,
+    /// Shadow requests, by model and result (`agreed`, `disagreed`,
+    /// `dropped`: not run, the shadow queue being full).
+    pub shadow: IntCounterVec,
 }
 
 impl RolloutMetrics {
@@ -36,7 +40,13 @@ impl RolloutMetrics {
             &["model", "role", "outcome"],
         )
         .expect("valid metric");
+        let shadow = IntCounterVec::new(
+            Opts::new("plinth_rollout_shadow_total", "Requests also run on a rollout's candidate, by result"),
+            &["model", "result"],
+        )
+        .expect("valid metric");
         RolloutMetrics {
+            shadow: register(registry, shadow),
             percent: register(registry, percent),
             phase: register(registry, phase),
             requests: register(registry, requests),
@@ -46,7 +56,10 @@ impl RolloutMetrics {
     /// Drops `model`'s series (its rollout is forgotten).
     pub fn forget(&self, model: &str) {
         let _ = self.percent.remove_label_values(&[model]);
-        for phase in ["CANARY", "PROMOTED", "ROLLED_BACK"] {
+        for result in ["agreed", "disagreed", "dropped"] {
+            let _ = self.shadow.remove_label_values(&[model, result]);
+        }
+        for phase in ["SHADOW", "CANARY", "PROMOTED", "ROLLED_BACK"] {
             let _ = self.phase.remove_label_values(&[model, phase]);
         }
         for role in ["serving", "candidate"] {

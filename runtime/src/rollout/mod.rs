@@ -8,10 +8,11 @@
 //! when the candidate is promoted or rolled back) and knows only version
 //! numbers; the lifecycle acts on its [`Transition`]s.
 
+pub mod compare;
 mod plan;
 mod window;
 
-pub use plan::{DEFAULT_STEPS, Plan};
+pub use plan::{DEFAULT_STEPS, Plan, ShadowPlan};
 pub use window::{Figures, Window};
 
 use std::collections::HashMap;
@@ -28,6 +29,9 @@ use crate::metrics::RolloutMetrics;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Phase {
+    /// The serving version answers every request; some are also run on
+    /// the candidate, whose answers are compared and never returned.
+    Shadow,
     /// The candidate answers the current step's share of the requests.
     Canary,
     /// Every rule held through the last step: the candidate serves.
@@ -41,6 +45,7 @@ impl Phase {
     /// The phase as the API writes it.
     pub fn as_str(&self) -> &'static str {
         match self {
+            Phase::Shadow => "SHADOW",
             Phase::Canary => "CANARY",
             Phase::Promoted => "PROMOTED",
             Phase::RolledBack => "ROLLED_BACK",
@@ -51,7 +56,8 @@ impl Phase {
 /// A change a rollout made, for the lifecycle to act on and log.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Transition {
-    /// The next step began, with the candidate's new share in percent.
+    /// The next step began (the first canary step after the shadow
+    /// phase), with the candidate's new share in percent.
     Advanced {
         /// The step begun, counted from 1.
         step: usize,
@@ -89,15 +95,46 @@ struct Rollout {
     candidate_window: Window,
     /// Requests routed so far, for the split by count.
     routed: u64,
+    shadow: ShadowCounts,
+}
+
+/// What the shadow phase measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShadowCounts {
+    /// Requests chosen for shadowing so far, for the choice by count.
+    #[serde(skip)]
+    chosen: u64,
+    /// Shadow requests running or waiting now.
+    pub in_flight: usize,
+    /// Answers compared.
+    pub compared: u64,
+    /// Of which differed (or failed on the candidate).
+    pub disagreed: u64,
+    /// Requests not shadowed because `queue` were in flight.
+    pub dropped: u64,
+    /// The first difference seen, if any.
+    pub first_difference: String,
+}
+
+/// A request chosen to be run on the candidate too: which version, and the
+/// plan's tolerances. Give it back to [`Rollouts::shadowed`].
+#[derive(Clone, Debug)]
+pub struct ShadowTicket {
+    /// The model.
+    pub model: String,
+    /// The candidate version to run the request on.
+    pub candidate: u64,
+    /// The shadow plan the answers are compared by.
+    pub plan: ShadowPlan,
 }
 
 impl Rollout {
     fn new(mut plan: Plan, serving: u64, now: Instant) -> Rollout {
         plan.serving = Some(serving);
         Rollout {
+            phase: if plan.shadow.is_some() { Phase::Shadow } else { Phase::Canary },
             plan,
             serving,
-            phase: Phase::Canary,
             step: 0,
             step_started: now,
             started: SystemTime::now(),
@@ -105,11 +142,68 @@ impl Rollout {
             serving_window: Window::default(),
             candidate_window: Window::default(),
             routed: 0,
+            shadow: ShadowCounts::default(),
         }
+    }
+
+    fn in_progress(&self) -> bool {
+        matches!(self.phase, Phase::Shadow | Phase::Canary)
+    }
+
+    /// Whether a request the serving version answered is also run on the
+    /// candidate: in the shadow phase, by count at the plan's share, while
+    /// fewer than `queue` shadow requests are in flight.
+    fn shadow_ticket(&mut self, model: &str) -> Option<ShadowTicket> {
+        let plan = self.plan.shadow.as_ref().filter(|_| self.phase == Phase::Shadow)?;
+        let n = self.shadow.chosen as f64;
+        self.shadow.chosen += 1;
+        if ((n + 1.0) * plan.percent / 100.0).floor() <= (n * plan.percent / 100.0).floor() {
+            return None;
+        }
+        if self.shadow.in_flight >= plan.queue {
+            self.shadow.dropped += 1;
+            return None;
+        }
+        self.shadow.in_flight += 1;
+        Some(ShadowTicket { model: model.to_owned(), candidate: self.plan.candidate, plan: plan.clone() })
+    }
+
+    /// Counts a shadow comparison (`Err`: how the candidate's answer
+    /// differed, or why it failed) and judges the answers rule.
+    fn shadowed(&mut self, outcome: Result<(), String>, now: Instant) -> Option<Transition> {
+        self.shadow.in_flight = self.shadow.in_flight.saturating_sub(1);
+        let plan = self.plan.shadow.as_ref().filter(|_| self.phase == Phase::Shadow)?;
+        self.shadow.compared += 1;
+        if let Err(difference) = outcome {
+            self.shadow.disagreed += 1;
+            if self.shadow.first_difference.is_empty() {
+                self.shadow.first_difference = difference;
+            }
+        }
+        let allowed = plan.max_disagreement_rate * self.shadow.compared.max(self.plan.min_requests) as f64;
+        if self.shadow.disagreed as f64 > allowed {
+            return Some(self.roll_back(format!(
+                "answers: {} of {} shadowed requests differed on version {}, more than max_disagreement_rate {} \
+                 allows; first: {}",
+                self.shadow.disagreed,
+                self.shadow.compared,
+                self.plan.candidate,
+                plan.max_disagreement_rate,
+                self.shadow.first_difference
+            )));
+        }
+        if self.shadow.compared < plan.requests {
+            return None;
+        }
+        self.phase = Phase::Canary;
+        self.step_started = now;
+        self.serving_window = Window::default();
+        Some(Transition::Advanced { step: 1, percent: self.plan.steps[0] })
     }
 
     fn percent(&self) -> f64 {
         match self.phase {
+            Phase::Shadow => 0.0,
             Phase::Canary => self.plan.steps[self.step],
             Phase::Promoted => 100.0,
             Phase::RolledBack => 0.0,
@@ -234,6 +328,7 @@ impl Rollout {
             candidate_window: c.figures(),
             candidate_error_rate: c.error_rate(),
             p99_ratio: (c.requests > 0 && s.requests > 0).then(|| c.p99_us() as f64 / s.p99_us().max(1) as f64),
+            shadow: self.plan.shadow.is_some().then(|| self.shadow.clone()),
             plan: self.plan.clone(),
         }
     }
@@ -258,7 +353,7 @@ pub struct RolloutStatus {
     pub serving: u64,
     /// The version tried.
     pub candidate: u64,
-    /// `CANARY`, `PROMOTED` or `ROLLED_BACK`.
+    /// `SHADOW`, `CANARY`, `PROMOTED` or `ROLLED_BACK`.
     pub phase: Phase,
     /// The current step, from 1.
     pub step: usize,
@@ -282,6 +377,8 @@ pub struct RolloutStatus {
     /// The candidate's p99 latency over the serving version's, once both
     /// have answered in the step.
     pub p99_ratio: Option<f64>,
+    /// What the shadow phase compared, when the plan has one.
+    pub shadow: Option<ShadowCounts>,
     /// The plan, defaults filled in.
     pub plan: Plan,
 }
@@ -314,7 +411,7 @@ impl Rollouts {
                 self.kept.fetch_add(1, Ordering::AcqRel);
                 self.live.fetch_add(1, Ordering::AcqRel);
             }
-            Some(old) if old.phase != Phase::Canary => {
+            Some(old) if !old.in_progress() => {
                 self.live.fetch_add(1, Ordering::AcqRel);
             }
             Some(_) => {}
@@ -334,6 +431,7 @@ impl Rollouts {
         let rollout = by_model.get_mut(model)?;
         let key = rollout.plan.sticky_header.as_deref().and_then(header);
         Some(match rollout.phase {
+            Phase::Shadow => rollout.serving,
             Phase::Canary => rollout.route(key.as_deref()),
             Phase::Promoted => rollout.plan.candidate,
             Phase::RolledBack => rollout.serving,
@@ -364,11 +462,60 @@ impl Rollouts {
         transition
     }
 
-    /// Stops `model`'s rollout in canary: the serving version takes every
-    /// request back, with `reason`. `None` when it has none in canary.
+    /// Whether the answer `version` of `model` just gave is also run on
+    /// the candidate (the shadow phase chooses it): `None` most of the
+    /// time, and always for the candidate's own answers.
+    pub fn shadow_ticket(&self, model: &str, version: u64) -> Option<ShadowTicket> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get_mut(model).filter(|r| r.serving == version)?;
+        let before = rollout.shadow.dropped;
+        let ticket = rollout.shadow_ticket(model);
+        if rollout.shadow.dropped > before {
+            self.metrics.shadow.with_label_values(&[model, "dropped"]).inc();
+        }
+        ticket
+    }
+
+    /// Counts the comparison of a shadow request `ticket` chose (`Err`: how
+    /// the candidate's answer differed or why it failed); returns what the
+    /// rollout did about it.
+    pub fn shadowed(&self, ticket: &ShadowTicket, outcome: Result<(), String>) -> Option<Transition> {
+        let model = ticket.model.as_str();
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get_mut(model)?;
+        // Comparisons that finish after the phase ended count for nothing.
+        if rollout.phase == Phase::Shadow {
+            let result = if outcome.is_ok() { "agreed" } else { "disagreed" };
+            self.metrics.shadow.with_label_values(&[model, result]).inc();
+        }
+        let transition = rollout.shadowed(outcome, Instant::now());
+        if let Some(transition) = &transition {
+            if matches!(transition, Transition::RolledBack { .. }) {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+            }
+            let status = rollout.status(model);
+            self.record(model, &status);
+        }
+        transition
+    }
+
+    /// Lets go of a shadow request that will not run (the serving version
+    /// failed it: there is no answer to compare with).
+    pub fn release(&self, ticket: &ShadowTicket) {
+        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        if let Some(rollout) = by_model.get_mut(&ticket.model) {
+            rollout.shadow.in_flight = rollout.shadow.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Stops `model`'s rollout in progress: the serving version takes every
+    /// request back, with `reason`. `None` when it has none in progress.
     pub fn cancel(&self, model: &str, reason: &str) -> Option<Transition> {
         let mut by_model = self.by_model.lock().expect("rollouts lock");
-        let rollout = by_model.get_mut(model).filter(|r| r.phase == Phase::Canary)?;
+        let rollout = by_model.get_mut(model).filter(|r| r.in_progress())?;
         let transition = rollout.roll_back(reason.to_owned());
         self.live.fetch_sub(1, Ordering::AcqRel);
         let status = rollout.status(model);
@@ -381,7 +528,7 @@ impl Rollouts {
         let mut by_model = self.by_model.lock().expect("rollouts lock");
         if let Some(old) = by_model.remove(model) {
             self.kept.fetch_sub(1, Ordering::AcqRel);
-            if old.phase == Phase::Canary {
+            if old.in_progress() {
                 self.live.fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -403,7 +550,7 @@ impl Rollouts {
 
     fn record(&self, model: &str, status: &RolloutStatus) {
         self.metrics.percent.with_label_values(&[model]).set(status.percent);
-        for phase in [Phase::Canary, Phase::Promoted, Phase::RolledBack] {
+        for phase in [Phase::Shadow, Phase::Canary, Phase::Promoted, Phase::RolledBack] {
             let on = status.phase == phase;
             self.metrics.phase.with_label_values(&[model, phase.as_str()]).set(i64::from(on));
         }

@@ -3,6 +3,7 @@
 //! `POST /v2/repository/models/{m}/rollout` or in a model's `config.pbtxt`
 //! parameter `rollout`; a field this page does not name is refused by name.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,57 @@ pub struct Plan {
     /// grows). Without it, requests are split by count.
     #[serde(default)]
     pub sticky_header: Option<String>,
+    /// Before any canary step, run requests on the candidate as well, after
+    /// the serving version has answered, and compare the answers; the
+    /// candidate's are never returned.
+    #[serde(default)]
+    pub shadow: Option<ShadowPlan>,
+}
+
+/// The shadow phase of a rollout: which requests are run on the candidate
+/// too, how its answers must agree, and the bound on its cost.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowPlan {
+    /// Percentage of the serving version's answered requests also run on
+    /// the candidate.
+    #[serde(default = "default_shadow_percent")]
+    pub percent: f64,
+    /// Answers compared before the first canary step.
+    #[serde(default = "default_shadow_requests")]
+    pub requests: u64,
+    /// The largest share of compared answers that may differ (judged on
+    /// every comparison, over at least the plan's `min_requests`).
+    #[serde(default)]
+    pub max_disagreement_rate: f64,
+    /// The largest absolute difference between two floating-point
+    /// elements that still agree; other types must be equal.
+    #[serde(default)]
+    pub tolerance: f64,
+    /// A tolerance per output name, in place of `tolerance`.
+    #[serde(default)]
+    pub output_tolerances: BTreeMap<String, f64>,
+    /// Shadow requests running or waiting at most; a request past it is
+    /// not shadowed, and counted as dropped.
+    #[serde(default = "default_shadow_queue")]
+    pub queue: usize,
+}
+
+impl ShadowPlan {
+    /// The tolerance of output `name`.
+    pub fn tolerance_of(&self, name: &str) -> f64 {
+        self.output_tolerances.get(name).copied().unwrap_or(self.tolerance)
+    }
+}
+
+fn default_shadow_percent() -> f64 {
+    100.0
+}
+fn default_shadow_requests() -> u64 {
+    200
+}
+fn default_shadow_queue() -> usize {
+    64
 }
 
 fn default_steps() -> Vec<f64> {
@@ -125,6 +177,24 @@ impl Plan {
         if self.sticky_header.as_deref().is_some_and(|h| h.is_empty() || !h.is_ascii()) {
             return refuse("'sticky_header' must be a header name".into());
         }
+        if let Some(shadow) = &self.shadow {
+            if !(shadow.percent > 0.0 && shadow.percent <= 100.0) {
+                return refuse(format!("'shadow.percent' must be in (0, 100], got {}", shadow.percent));
+            }
+            if shadow.requests == 0 || shadow.queue == 0 {
+                return refuse("'shadow.requests' and 'shadow.queue' must be 1 or more".into());
+            }
+            if !(0.0..=1.0).contains(&shadow.max_disagreement_rate) {
+                return refuse(format!(
+                    "'shadow.max_disagreement_rate' must be in [0, 1], got {}",
+                    shadow.max_disagreement_rate
+                ));
+            }
+            let tolerances = std::iter::once(&shadow.tolerance).chain(shadow.output_tolerances.values());
+            if tolerances.clone().any(|t| !(t.is_finite() && *t >= 0.0)) {
+                return refuse("'shadow.tolerance' and 'shadow.output_tolerances' must be 0 or more".into());
+            }
+        }
         Ok(())
     }
 }
@@ -152,6 +222,9 @@ mod tests {
             (r#"{"candidate": 2, "max_p99_ratio": 0.5}"#, "'max_p99_ratio' must be 1 or more"),
             (r#"{"candidate": 2, "serving": 2}"#, "both version 2"),
             (r#"{"candidate": 2, "min_requests": 0}"#, "'min_requests' must be 1 or more"),
+            (r#"{"candidate": 2, "shadow": {"percent": 0}}"#, "'shadow.percent' must be in (0, 100]"),
+            (r#"{"candidate": 2, "shadow": {"tolerance": -1}}"#, "must be 0 or more"),
+            (r#"{"candidate": 2, "shadow": {"sample": 5}}"#, "unknown field `sample`"),
         ] {
             let e = Plan::parse(json.as_bytes()).unwrap_err();
             assert!(e.contains(words), "{json}: {e}");

@@ -101,3 +101,50 @@ fn a_good_candidate_goes_through_every_step_after_its_dwell_and_is_promoted() {
     assert_eq!(promoted, Some(Transition::Promoted { candidate: 2, serving: 1 }));
     assert_eq!(rollout.route(None), 2);
 }
+
+#[test]
+fn answers_that_differ_in_the_shadow_phase_roll_back_before_any_live_traffic() {
+    let now = Instant::now();
+    let mut rollout = Rollout::new(
+        plan(r#"{"candidate": 2, "min_requests": 10, "shadow": {"requests": 20, "max_disagreement_rate": 0.1}}"#),
+        1,
+        now,
+    );
+    assert_eq!(rollout.phase, Phase::Shadow);
+    assert_eq!(rollout.route(None), 1, "the candidate answers nobody");
+    for _ in 0..9 {
+        rollout.shadow_ticket("m").unwrap();
+        assert_eq!(rollout.shadowed(Ok(()), now), None);
+    }
+    rollout.shadow_ticket("m").unwrap();
+    assert_eq!(rollout.shadowed(Err("output 'Y' element 0: 5 against 4".into()), now), None, "1 in 10 is allowed");
+    rollout.shadow_ticket("m").unwrap();
+    let Some(Transition::RolledBack { reason, .. }) = rollout.shadowed(Err("output 'Y' element 0: 6".into()), now)
+    else {
+        panic!("rolled back")
+    };
+    assert!(reason.starts_with("answers: 2 of 11 shadowed requests differed on version 2"), "{reason}");
+    assert!(reason.ends_with("first: output 'Y' element 0: 5 against 4"), "{reason}");
+    assert_eq!(rollout.candidate_window.requests, 0);
+}
+
+#[test]
+fn agreeing_answers_end_the_shadow_phase_and_a_full_queue_drops_requests() {
+    let now = Instant::now();
+    let mut rollout = Rollout::new(
+        plan(r#"{"candidate": 2, "steps": [10, 100], "shadow": {"requests": 3, "queue": 2, "percent": 50}}"#),
+        1,
+        now,
+    );
+    // Every other request is chosen; two may be in flight at once.
+    let chosen: Vec<bool> = (0..6).map(|_| rollout.shadow_ticket("m").is_some()).collect();
+    assert_eq!(chosen, [false, true, false, true, false, false]);
+    assert_eq!(rollout.shadow.dropped, 1);
+    assert_eq!(rollout.shadowed(Ok(()), now), None);
+    assert_eq!(rollout.shadowed(Ok(()), now), None);
+    rollout.shadow_ticket("m");
+    rollout.shadow_ticket("m").unwrap();
+    assert_eq!(rollout.shadowed(Ok(()), now), Some(Transition::Advanced { step: 1, percent: 10.0 }));
+    assert_eq!(rollout.phase, Phase::Canary);
+    assert_eq!(rollout.shadow_ticket("m").map(|t| t.candidate), None, "no shadowing in the canary");
+}

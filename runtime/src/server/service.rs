@@ -418,10 +418,23 @@ impl Service {
                 model.name
             ))));
         }
+        // A sequence's requests carry state: they are never shadowed.
+        let shadow = if call.options.sequence.is_none() { self.lifecycle.shadow_ticket(model) } else { None };
+        let copy = shadow.as_ref().map(|_| (call.tensors.clone(), call.requested.clone()));
+        if let (Some(_), Some(span)) = (&shadow, &call.options.trace) {
+            span.set(KeyValue::new("plinth.rollout.shadowed", true));
+        }
         let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
         let started = Instant::now();
         let result = model.infer(call.tensors, &call.requested, call.options, &runner).await;
         self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+        match (shadow, copy, &result) {
+            (Some(ticket), Some((inputs, requested)), Ok((outputs, _))) => {
+                self.lifecycle.shadow_infer(ticket, inputs, requested, outputs.clone());
+            }
+            (Some(ticket), _, _) => self.lifecycle.release_shadow(&ticket),
+            _ => {}
+        }
         let (outputs, timing) = result?;
         Ok(Inferred { outputs, timing, request })
     }
@@ -439,10 +452,22 @@ impl Service {
         trace: Option<Span>,
     ) -> Result<(RawResponse, PredictTiming), Error> {
         tracing::debug!(model = %model.name, version = model.version, "predict: accepted");
+        let shadow = self.lifecycle.shadow_ticket(model);
+        let copy = shadow.as_ref().map(|_| request.clone());
+        if let (Some(_), Some(span)) = (&shadow, &trace) {
+            span.set(KeyValue::new("plinth.rollout.shadowed", true));
+        }
         let context = CallContext { runner: self.lifecycle.clone(), chain: Vec::new(), sequence: None, trace };
         let started = Instant::now();
         let result = model.predict_within(request, context).await;
         self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+        match (shadow, copy, &result) {
+            (Some(ticket), Some(request), Ok((response, _))) => {
+                self.lifecycle.shadow_predict(ticket, request, response.clone());
+            }
+            (Some(ticket), _, _) => self.lifecycle.release_shadow(&ticket),
+            _ => {}
+        }
         result
     }
 }

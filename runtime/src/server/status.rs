@@ -112,7 +112,12 @@ impl RolloutRow {
             phase: r.phase.as_str(),
             step: format!("{} of {}", r.step, r.steps),
             percent: format!("{}", r.percent),
-            candidate: side(&r.candidate_window),
+            candidate: match &r.shadow {
+                Some(s) if r.phase == crate::rollout::Phase::Shadow => {
+                    format!("shadow: {} compared, {} differed, {} dropped", s.compared, s.disagreed, s.dropped)
+                }
+                _ => side(&r.candidate_window),
+            },
             serving: side(&r.serving_window),
             p99_ratio: r.p99_ratio.map_or_else(|| "—".to_owned(), |x| format!("{x:.2}")),
             reason: r.reason.clone(),
