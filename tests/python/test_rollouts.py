@@ -10,6 +10,7 @@ fails, or works three times as long, or not, as the test needs."""
 import json
 import os
 import pathlib
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from conftest import HANG_GUARD_S, Plinth, wait_until
+from conftest import HANG_GUARD_S, ROOT, Plinth, wait_until
 
 CONFIG = """name: "ro"
 backend: "onnxruntime"
@@ -359,3 +360,22 @@ def test_a_good_candidate_goes_from_shadow_to_promoted_with_no_failed_request(tm
         server.stop()
     assert status["shadow"]["compared"] >= 50 and status["shadow"]["disagreed"] == 0, status
     assert [a for a in answers if a[2] != 200] == []
+
+
+def test_a_sequence_model_needs_a_sticky_header(tmp_path):
+    """A sequence's requests must meet one version: the example VAD model
+    (sequence_batching, implicit state), its version 1 copied as 2."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository/vad", repo / "vad")
+    shutil.copytree(repo / "vad/1", repo / "vad/2")
+    with open(repo / "vad/config.pbtxt", "a") as config:
+        config.write("version_policy { all {} }\n")
+    server = Plinth(repo, "--model-control-mode", "explicit", "--load-model", "vad")
+    try:
+        path = "/v2/repository/models/vad/rollout"
+        status, body = call(server, path, b'{"candidate": 2}')
+        assert status == 400 and "give a 'sticky_header' that each sequence's requests carry" in body["error"], body
+        status, body = call(server, path, b'{"candidate": 2, "sticky_header": "x-stream"}')
+        assert status == 200 and body["phase"] == "CANARY", body
+    finally:
+        server.stop()

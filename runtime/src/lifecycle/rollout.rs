@@ -21,8 +21,9 @@ impl Lifecycle {
     ///
     /// # Errors
     /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
-    /// when the candidate or the serving version is not READY, or there is
-    /// no READY version below the candidate to serve meanwhile.
+    /// when the candidate or the serving version is not READY, there is no
+    /// READY version below the candidate to serve meanwhile, or a sequence
+    /// model's plan has no `sticky_header`.
     pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
         let registry = &self.core.registry;
         let ready = registry.ready_versions(name);
@@ -49,6 +50,15 @@ impl Lifecycle {
                 ))
             })?,
         };
+        // A sequence's requests carry state from one to the next: split by
+        // count, they would meet both versions.
+        let sequences = registry.resolve(name, Some(serving)).is_ok_and(|m| m.takes_sequences());
+        if sequences && plan.sticky_header.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "rollout of '{name}': the model has sequence_batching, and a split by count would send one \
+                 sequence's requests to both versions; give a 'sticky_header' that each sequence's requests carry"
+            )));
+        }
         let status = self.core.rollouts.start(name, plan, serving);
         tracing::info!(model = %name, serving, candidate = status.candidate, percent = status.percent,
             "rollout started");
