@@ -40,6 +40,37 @@ def free_ports(count):
     return ports
 
 
+def identity_repository(path):
+    """A repository with one identity model, `m`."""
+    (path / "m" / "1").mkdir(parents=True)
+    (path / "m" / "config.pbtxt").write_text(
+        'backend: "identity"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    return path
+
+
+def rss(server):
+    """The server's resident memory in bytes (VmRSS of /proc/PID/status)."""
+    status = pathlib.Path(f"/proc/{server.proc.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def chromium(user_data_dir, window_size="1500,700"):
+    """Debian's headless Chromium under selenium. The machine has no network
+    but the registries: nothing in the background may try to reach one."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as ChromeService
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--window-size={window_size}", f"--user-data-dir={user_data_dir}"]:
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=ChromeService("/usr/bin/chromedriver"))
+
+
 class OutputLines:
     """The lines a child process writes to `stream`, collected by a thread
     of their own into `lines`; `wait_for` waits for one of them."""

@@ -17,7 +17,7 @@ import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, Plinth
+from conftest import HANG_GUARD_S, Plinth, identity_repository
 
 MAX_BODY = 4096
 # More elements than fit in MAX_BODY bytes however they are encoded.
@@ -26,12 +26,7 @@ TOO_MANY = MAX_BODY
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    (repo / "m" / "1").mkdir(parents=True)
-    (repo / "m" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    repo = identity_repository(tmp_path_factory.mktemp("repo"))
     plinth = Plinth(repo, "--http-max-body-bytes", str(MAX_BODY))
     yield plinth
     plinth.stop()

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, save
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, ROOT, Plinth, wait_until
+from conftest import HANG_GUARD_S, ROOT, Plinth, rss, wait_until
 
 MIB = 1 << 20
 BUDGET = 2048 * MIB
@@ -137,12 +137,6 @@ class Mesh:
 def disk_size(path):
     path = pathlib.Path(path)
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def rss(server):
-    """The server's resident memory in bytes, as the kernel counts it."""
-    status = pathlib.Path(f"/proc/{server.proc.pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
 
 
 def queued(server, model_id):

@@ -9,35 +9,21 @@ copied; the bytes a request holds are counted per region and let go."""
 import os
 import urllib.request
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, Plinth
+from conftest import HANG_GUARD_S, Plinth, identity_repository, rss
 
 GIB = 1 << 30
 REGION = 4 * GIB
 
 
-def rss_bytes(pid):
-    """The resident memory of process `pid` (VmRSS of /proc/PID/status)."""
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("limits")
-    (repo / "m" / "1").mkdir(parents=True)
-    (repo / "m" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    repo = identity_repository(tmp_path_factory.mktemp("limits"))
     plinth = Plinth(repo, "--allow-client-shm=true", "--shm-max-input-bytes", "64MiB")
     yield plinth
     plinth.stop()
@@ -76,24 +62,24 @@ def infer_from_region(server, front, elements, byte_size):
 
 @pytest.mark.parametrize("front", ["http", "grpc"])
 def test_a_request_naming_a_whole_4_gib_region_is_refused_naming_the_limit(server, big_region, front):
-    before = rss_bytes(server.proc.pid)
+    before = rss(server)
     error = infer_from_region(server, front, REGION // 4, REGION)
     assert error.status() in ("400", "StatusCode.INVALID_ARGUMENT"), error
     assert error.message() == (
         f"reading {REGION} bytes from shared memory region 'big' would bring this request's inputs from shared "
         f"memory to {REGION} bytes, more than the {64 << 20} bytes one request may read (--shm-max-input-bytes)"
     ), error.message()
-    grown = rss_bytes(server.proc.pid) - before
+    grown = rss(server) - before
     assert grown < 256 << 20, f"RSS grew by {grown} bytes for a refused 4 GiB read"
     assert held_bytes(server, "big") == 0
 
 
 def test_a_place_larger_than_its_shape_is_refused_before_it_is_copied(server, big_region):
-    before = rss_bytes(server.proc.pid)
+    before = rss(server)
     error = infer_from_region(server, "http", 16, REGION)
     assert error.message().startswith(
         f"input byte size mismatch for input 'INPUT0' for model 'm'. Expected 64, got {REGION}"), error.message()
-    assert rss_bytes(server.proc.pid) - before < 256 << 20
+    assert rss(server) - before < 256 << 20
 
 
 def test_reads_within_the_limit_are_served_and_let_go(server, big_region):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from conftest import ROOT, Plinth, wait_until
+from conftest import ROOT, Plinth, rss, wait_until
 
 MIB = 1 << 20
 SIZE = 4096  # weights: SIZE x SIZE FP32 = 64 MiB
@@ -68,11 +68,6 @@ def classify(server):
 def resident(server):
     _, index = call(server, "/v2/repository/index", b"{}")
     return {r["name"]: r["resident_bytes"] for r in index if r["state"] == "READY"}
-
-
-def rss(server):
-    status = open(f"/proc/{server.proc.pid}/status").read()
-    return int(next(l for l in status.splitlines() if l.startswith("VmRSS:")).split()[1]) * 1024
 
 
 def loads(server, model):

@@ -16,10 +16,9 @@ import urllib.error
 import urllib.request
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from conftest import HANG_GUARD_S, ROOT, Plinth, wait_until
+from conftest import HANG_GUARD_S, ROOT, Plinth, chromium, wait_until
 
 CONFIG = """name: "ro"
 backend: "onnxruntime"
@@ -292,18 +291,10 @@ def test_the_status_page_shows_a_rollout_in_a_browser(tmp_path):
     """In Debian's Chromium: the rollouts table names both versions, the
     phase, the step and the candidate's share. PLINTH_SCREENSHOT=PATH keeps
     a picture of the page (the one in docs/ was taken so)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service as ChromeService
     from selenium.webdriver.support.ui import WebDriverWait
 
     server = explicit_server(repository(tmp_path, identity))
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1500,500", f"--user-data-dir={tmp_path / 'chromium'}"]:
-        options.add_argument(flag)
-    browser = webdriver.Chrome(options=options, service=ChromeService("/usr/bin/chromedriver"))
+    browser = chromium(tmp_path / "chromium", window_size="1500,500")
     try:
         start(server, {"candidate": 2, "steps": [10, 50, 100], "dwell_secs": 3600, "min_requests": 20,
                        "p99_slack_ms": 1000})

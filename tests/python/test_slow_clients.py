@@ -19,17 +19,7 @@ import urllib.request
 
 import pytest
 
-from conftest import HANG_GUARD_S, Plinth, wait_until
-
-
-def identity_repository(path):
-    """A repository with one identity model, `m`."""
-    (path / "m" / "1").mkdir(parents=True)
-    (path / "m" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
-    return path
+from conftest import HANG_GUARD_S, Plinth, identity_repository, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,11 @@ import pathlib
 import urllib.request
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import HANG_GUARD_S, ROOT, Plinth
+from conftest import HANG_GUARD_S, ROOT, Plinth, chromium
 
 EXAMPLE_MODELS = {"minilm", "minilm_torchscript", "mobilenet_v2", "mobilenet_v2_torchscript", "ocr", "ocr_cls", "ocr_rec",
                   "spam_classifier", "vad"}
@@ -33,15 +31,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    # The machine has no network but the registries: nothing in the
-    # background may try to reach one.
-    for flag in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1500,700", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=ChromeService("/usr/bin/chromedriver"))
+    driver = chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
 

@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, Plinth, wait_until
+from conftest import HANG_GUARD_S, Plinth, identity_repository, wait_until
 
 
 def openssl(*args, cwd):
@@ -52,16 +52,6 @@ class Pki:
         openssl("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
                 "-out", cert, "-days", "2", "-extfile", ext, cwd=self.folder)
         return cert, key
-
-
-def identity_repository(path):
-    """A repository with one identity model, `m`."""
-    (path / "m" / "1").mkdir(parents=True)
-    (path / "m" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
-    return path
 
 
 @pytest.fixture(scope="module")
