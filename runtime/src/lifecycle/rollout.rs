@@ -3,6 +3,7 @@
 //! decides is carried out (a rolled-back candidate is marked with the
 //! reason; a promoted one stays the only version).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,38 +149,38 @@ impl Lifecycle {
         requested: Vec<OutputRequest>,
         answer: Vec<Tensor>,
     ) {
-        let lifecycle = self.clone();
-        tokio::spawn(async move {
-            let outcome = match lifecycle.candidate_of(&ticket) {
-                Err(e) => Err(e),
-                Ok(candidate) => {
-                    let runner: Arc<dyn ModelRunner> = lifecycle.clone();
-                    match candidate.infer(inputs, &requested, RequestOptions::default(), &runner).await {
-                        Ok((outputs, _)) => compare::tensors(&answer, &outputs, &ticket.plan),
-                        Err(e) => Err(format!("failed: {e}")),
-                    }
-                }
-            };
-            lifecycle.shadowed(&ticket, outcome);
+        let plan = ticket.plan.clone();
+        self.shadow_on_candidate(ticket, move |candidate, lifecycle| async move {
+            let runner: Arc<dyn ModelRunner> = lifecycle;
+            let (outputs, _) = candidate.infer(inputs, &requested, RequestOptions::default(), &runner).await?;
+            Ok(compare::tensors(&answer, &outputs, &plan))
         });
     }
 
     /// As [`Lifecycle::shadow_infer`], for a `/predict` request through the
     /// model's plugin: the raw answers must be the same.
     pub fn shadow_predict(self: &Arc<Self>, ticket: ShadowTicket, request: RawRequest, answer: RawResponse) {
+        self.shadow_on_candidate(ticket, move |candidate, lifecycle| async move {
+            let context = CallContext { runner: lifecycle, chain: Vec::new(), sequence: None, trace: None };
+            let (got, _) = candidate.predict_within(request, context).await?;
+            Ok(compare::raw((&answer.content_type, &answer.body), (&got.content_type, &got.body)))
+        });
+    }
+
+    /// Runs `run` on the candidate `ticket` names, on a task of its own, and
+    /// counts its comparison: `Ok(agreement)` from `run`, or a failure of
+    /// the candidate (its error, or its not being READY) as a difference.
+    fn shadow_on_candidate<F, Fut>(self: &Arc<Self>, ticket: ShadowTicket, run: F)
+    where
+        F: FnOnce(Arc<Model>, Arc<Lifecycle>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Result<(), String>, Error>> + Send,
+    {
         let lifecycle = self.clone();
         tokio::spawn(async move {
             let outcome = match lifecycle.candidate_of(&ticket) {
                 Err(e) => Err(e),
                 Ok(candidate) => {
-                    let context =
-                        CallContext { runner: lifecycle.clone(), chain: Vec::new(), sequence: None, trace: None };
-                    match candidate.predict_within(request, context).await {
-                        Ok((got, _)) => {
-                            compare::raw((&answer.content_type, &answer.body), (&got.content_type, &got.body))
-                        }
-                        Err(e) => Err(format!("failed: {e}")),
-                    }
+                    run(candidate, lifecycle.clone()).await.unwrap_or_else(|e| Err(format!("failed: {e}")))
                 }
             };
             lifecycle.shadowed(&ticket, outcome);
