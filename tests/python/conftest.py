@@ -121,23 +121,24 @@ def patient_plugins(extra):
 class Plinth:
     """A running `plinth serve`; `url`, `grpc_url` and `metrics_url` are its
     HTTP, gRPC and metrics addresses (host:port). Its compiled plugins are
-    cached in a temporary folder of its own."""
+    cached in a temporary folder of its own unless `plugin_cache` names one."""
 
-    def __init__(self, repository, *extra, env=None, started=True):
+    def __init__(self, repository, *extra, env=None, started=True, plugin_cache=None):
         """Serves `repository` (None: no --model-repository, for modelmesh
         mode; a string such as s3://... is passed as it is), with `env` added
         to the environment; returns once the start-up loads are done, or
-        with `started=False` once it listens."""
+        with `started=False` once it listens. `plugin_cache`: a folder of
+        compiled plugins to share with other servers (kept at stop)."""
         binary = pathlib.Path(os.environ.get("PLINTH_BIN", ROOT / "target/release/plinth"))
         assert binary.is_file(), f"{binary} is missing: run `make setup` first"
         self.repository = repository and (repository if "://" in str(repository) else pathlib.Path(repository))
         repository_flags = ["--model-repository", str(repository)] if repository else []
         env = {**os.environ, **(env or {})}
         env.setdefault("ORT_DYLIB_PATH", str(ROOT / ".cache/onnxruntime/libonnxruntime.so"))
-        self.plugin_cache = tempfile.TemporaryDirectory(prefix="plinth-plugins-")
+        self.plugin_cache = None if plugin_cache else tempfile.TemporaryDirectory(prefix="plinth-plugins-")
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
-             "--plugin-cache-dir", self.plugin_cache.name, *patient_plugins(extra), *repository_flags, *extra],
+             "--plugin-cache-dir", str(plugin_cache or self.plugin_cache.name), *patient_plugins(extra), *repository_flags, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.output = OutputLines(self.proc, self.proc.stderr, "plinth")
         self.log = self.output.lines
@@ -158,7 +159,8 @@ class Plinth:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=HANG_GUARD_S)
-        self.plugin_cache.cleanup()
+        if self.plugin_cache:
+            self.plugin_cache.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,19 @@ def expect_not_found(server, model_id):
 
 
 def test_modelmesh_conformance(mmesh, pulled, tmp_path):
-    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
+    # A first server compiles the models' plugins into the cache that the
+    # measured one reads: compiling takes memory that is the process's, not
+    # a model's, and a load and unload in the measured server would leave
+    # allocator fragments that the measured loads reuse (RSS then grew by
+    # 0.79-1.0 of the sizes; measured as here, by 1.00-1.03).
+    flags = ["--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB"]
+    compiler = Plinth(None, *flags, plugin_cache=tmp_path / "plugins")
+    try:
+        for model_id, path in pulled.items():
+            Mesh(compiler, mmesh).load(model_id, path)
+    finally:
+        compiler.stop()
+    server = Plinth(None, *flags, plugin_cache=tmp_path / "plugins")
     try:
         mesh = Mesh(server, mmesh)
         status = mesh.status()
@@ -191,12 +203,11 @@ def test_modelmesh_conformance(mmesh, pulled, tmp_path):
         assert not status.allowAnyMethod and status.runtimeVersion
 
         # Three loads. Each size is the one Plinth measured and budgets; all
-        # together they are the resident memory the loads added, once the
-        # plugins are compiled (a first load compiles its plugin into the
-        # cache, memory that is the process's and no model's).
-        for model_id, path in pulled.items():
-            mesh.load(model_id, path)
-            mesh.unload(model_id)
+        # together they are the resident memory the loads added, once a
+        # first model (kept loaded) paid what the process pays once: ONNX
+        # Runtime's and wasmtime's code and set-up, about 15 MiB.
+        warmup = "warmup__isvc-0000"
+        mesh.load(warmup, pulled["ocr-cls__isvc-0001"])
         sizes = {}
         before = rss(server)
         for model_id, path in pulled.items():
@@ -206,6 +217,7 @@ def test_modelmesh_conformance(mmesh, pulled, tmp_path):
             assert predicted >= sizes[model_id], f"predictModelSize is not conservative for {model_id}"
         grown = rss(server) - before
         assert abs(sum(sizes.values()) - grown) <= 0.25 * grown, (sizes, grown)
+        mesh.unload(warmup)
         index = {row["name"]: row for row in mesh.index()}
         assert set(index) == set(pulled)
         for model_id, size in sizes.items():
