@@ -370,3 +370,105 @@ def test_a_sequence_model_needs_a_sticky_header(tmp_path):
         assert status == 200 and body["phase"] == "CANARY", body
     finally:
         server.stop()
+
+
+def declaring(plan):
+    """`ro`'s configuration with the default version_policy (the latest
+    version) and `plan` declared as its rollout."""
+    config = CONFIG.replace("version_policy { all {} }\n", "")
+    return config + f'parameters {{ key: "rollout" value: {{ string_value: {json.dumps(json.dumps(plan))} }} }}\n'
+
+
+def versions(server):
+    return call(server, "/v2/models/ro")[1]["versions"]
+
+
+def test_copying_a_version_folder_in_poll_mode_rolls_it_out_as_the_config_declares(tmp_path):
+    """A safe deploy by copying folders: a good version 2 is promoted under
+    traffic with no failed request; a failing version 3 is rolled back, and
+    version 2 keeps every request; removing folder 3 unloads it."""
+    repo = tmp_path / "repo"
+    (repo / "ro").mkdir(parents=True)
+    (repo / "ro/config.pbtxt").write_text(declaring(
+        {"steps": [25, 100], "dwell_secs": 0.5, "min_requests": 30, "max_error_rate": 0.05, "p99_slack_ms": 1000}))
+    identity(repo / "ro/1/model.onnx")
+    server = Plinth(repo, "--model-control-mode", "poll", "--repository-poll-secs", "1")
+    try:
+        traffic = Traffic(server)
+        # Written beside the repository and moved in whole, as a deploy would.
+        identity(tmp_path / "staging/2/model.onnx")
+        (tmp_path / "staging/2").rename(repo / "ro/2")
+        server.wait_for_log(r"rollout started model=ro serving=1 candidate=2")
+        wait_until("version 2 is promoted", lambda: rollout(server)["phase"] == "PROMOTED")
+        wait_until("version 1 is gone", lambda: versions(server) == ["2"])
+        promoted = traffic.stop()
+
+        traffic = Traffic(server, bad_share=True)
+        failing(tmp_path / "staging/3/model.onnx")
+        (tmp_path / "staging/3").rename(repo / "ro/3")
+        wait_until("version 3 rolls out", lambda: rollout(server)["candidate"] == 3)
+        wait_until("version 3 is rolled back", lambda: rollout(server)["phase"] == "ROLLED_BACK")
+        at_rollback = traffic.count()
+        wait_until("traffic goes on", lambda: traffic.count() >= at_rollback + 200)
+        rolled_back = traffic.stop()
+        rows = {r.get("version"): r for r in call(server, "/v2/repository/index", b"{}")[1]}
+
+        shutil.rmtree(repo / "ro/3")
+        wait_until("version 3 is unloaded", lambda: versions(server) == ["2"])
+    finally:
+        server.stop()
+    assert [a for a in promoted if a[2] != 200] == []
+    assert {a[3] for a in promoted} == {"1", "2"} and promoted[-1][3] == "2"
+    assert rollout_serving(rows) == ("2", "3")
+    assert rows["3"]["reason"].startswith("rolled back: error rate"), rows["3"]
+    failed = [a for a in rolled_back if a[2] != 200]
+    assert all(bad and version in (None, "3") for _, bad, _, version in failed), failed[:3]
+    # More than 5 % of 30 is 2 failures; plus one request in flight per client.
+    assert 0 < len(failed) <= 2 + 4, len(failed)
+    assert {a[3] for a in rolled_back[at_rollback + 4:]} == {"2"}, "version 2 takes every request back"
+
+
+def rollout_serving(rows):
+    """The (serving, candidate) versions the index rows name."""
+    role = {r["rollout"]["role"]: v for v, r in rows.items() if "rollout" in r}
+    return role.get("serving"), role.get("candidate")
+
+
+def test_a_declared_plan_that_does_not_parse_refuses_the_model_by_name(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "ro").mkdir(parents=True)
+    (repo / "ro/config.pbtxt").write_text(declaring({"candidate": 2, "steps": [100]}))
+    identity(repo / "ro/1/model.onnx")
+    server = Plinth(repo, "--model-control-mode", "explicit")
+    try:
+        status, body = call(server, "/v2/repository/models/ro/load", b"")
+    finally:
+        server.stop()
+    assert status == 400, body
+    assert "parameter 'rollout': rollout plan: a plan in config.pbtxt names no 'candidate'" in body["error"], body
+
+
+def test_ensemble_steps_reach_the_version_the_rollout_picks(tmp_path):
+    """An ensemble whose step names no version of `ro`: its requests are
+    split between `ro`'s versions and counted in the rollout's figures."""
+    repo = repository(tmp_path, identity)
+    (repo / "ens/1").mkdir(parents=True)
+    (repo / "ens/config.pbtxt").write_text("""name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "ro" model_version: -1
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+""")
+    server = Plinth(repo, "--model-control-mode", "explicit", "--load-model", "ens")
+    try:
+        start(server, {"candidate": 2, "steps": [50, 100], "dwell_secs": 3600, "p99_slack_ms": 1000})
+        body = json.dumps({"inputs": [{"name": "X", "shape": [4], "datatype": "FP32", "data": GOOD}]}).encode()
+        for _ in range(100):
+            status, answer = call(server, "/v2/models/ens/infer", body, {"Content-Type": "application/json"})
+            assert status == 200 and answer["outputs"][0]["data"] == GOOD, answer
+        status = rollout(server)
+    finally:
+        server.stop()
+    assert (status["candidate_window"]["requests"], status["serving_window"]["requests"]) == (50, 50), status

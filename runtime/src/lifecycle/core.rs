@@ -19,7 +19,7 @@ use crate::model::{Ensemble, Model};
 use crate::registry::Registry;
 use crate::repository::{self, Fingerprint, ModelDir, ModelFiles, Repositories, ScanError};
 use crate::residency::{self, Footprint, Residency};
-use crate::rollout::Rollouts;
+use crate::rollout::{self, Rollouts};
 use crate::scheduler::sequence::policy::SequencePolicy;
 
 /// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
@@ -311,6 +311,7 @@ impl Core {
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
         // Checked on every model, not only when a swap needs it.
         SwapPolicy::of(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
+        let declared = rollout::declared_plan(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
         let mut step_labels = StepLabels::new();
         if let Some(ensemble) = Ensemble::from_config(&config) {
             let signature = Signature::from_config(&config).map_err(LoadError::Failed);
@@ -332,6 +333,10 @@ impl Core {
             );
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
+        // With a declared rollout, the version answering now stays beside
+        // the versions the policy selects: a new one rolls out from it.
+        let answering = declared.and_then(|_| self.answering(name));
+        let keep: Vec<u64> = targets.iter().copied().chain(answering).collect();
         // Versions taken out since (evicted, refused room) serve no more.
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         let mut changed: Vec<(u64, LoadKey)> = targets
@@ -346,7 +351,14 @@ impl Core {
             })
             .collect();
         if changed.is_empty() {
-            return Ok(());
+            // A version folder removed since serves no more.
+            let before = record.loaded.len();
+            self.registry.retire_versions(name, &keep);
+            record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
+            if record.loaded.len() == before {
+                return Ok(());
+            }
+            return self.settle_config(name, &config, record).map_err(LoadError::Failed);
         }
         // A swap that does not fit on its GPU is settled first, so that a
         // refused one evicts nothing.
@@ -365,12 +377,14 @@ impl Core {
                 .collect();
         }
         let mut failures = Vec::new();
+        let mut new_ready = Vec::new();
         for (version, key) in changed {
             self.registry.set_loading(name, version);
             match self.load_version(dir, version, &config, &step_labels).await {
                 Ok((model, footprint)) => {
                     self.registry.set_ready(name, version, model, footprint.host);
                     record.loaded.insert(version, (key, footprint));
+                    new_ready.push(version);
                 }
                 Err(e) => {
                     tracing::error!(model = %name, version, "load failed: {e}");
@@ -379,11 +393,21 @@ impl Core {
                 }
             }
         }
-        self.registry.retire_versions(name, &targets);
+        let candidate = answering.and_then(|serving| new_ready.into_iter().filter(|v| *v != serving).max());
+        if let (Some(plan), Some(serving), Some(candidate)) = (declared, answering, candidate) {
+            self.roll_out_new_version(name, plan, candidate, serving);
+        }
+        self.registry.retire_versions(name, &keep);
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
-        let pinned = config::parameter(&config, PINNED_PARAMETER) == Some("true");
-        self.settle(name, record.footprint(), pinned).map_err(LoadError::Failed)?;
+        self.settle_config(name, &config, record).map_err(LoadError::Failed)?;
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
+    }
+
+    /// [`Core::settle`] with the footprint of `record`'s versions, pinned
+    /// when `config` says so.
+    fn settle_config(&self, name: &str, config: &ModelConfig, record: &ModelRecord) -> Result<(), String> {
+        let pinned = config::parameter(config, PINNED_PARAMETER) == Some("true");
+        self.settle(name, record.footprint(), pinned)
     }
 
     /// Room for loading `name`, whose new version files hold `new_bytes`.

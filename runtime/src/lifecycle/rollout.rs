@@ -1,6 +1,7 @@
 //! Rollouts through the lifecycle: starting one checks both versions are
-//! READY, requests that name no version are routed by it, and what it
-//! decides is carried out (a rolled-back candidate is marked with the
+//! READY (a load starts the one a model declares in `config.pbtxt` for a
+//! new version), requests that name no version are routed by it, and what
+//! it decides is carried out (a rolled-back candidate is marked with the
 //! reason; a promoted one stays the only version).
 
 use std::future::Future;
@@ -8,14 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Lifecycle;
+use super::core::Core;
 use crate::error::Error;
 use crate::model::{Model, OutputRequest};
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
-use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare};
+use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare, needs_sticky_header};
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::Tensor;
 
-impl Lifecycle {
+impl Core {
     /// Starts a rollout of `name` to `plan.candidate` from `plan.serving`
     /// (by default the highest READY version below the candidate),
     /// replacing any earlier rollout of the model.
@@ -25,8 +27,8 @@ impl Lifecycle {
     /// when the candidate or the serving version is not READY, there is no
     /// READY version below the candidate to serve meanwhile, or a sequence
     /// model's plan has no `sticky_header`.
-    pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
-        let registry = &self.core.registry;
+    pub(super) fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
+        let registry = &self.registry;
         let ready = registry.ready_versions(name);
         if ready.is_empty() {
             registry.resolve(name, None)?;
@@ -51,19 +53,54 @@ impl Lifecycle {
                 ))
             })?,
         };
-        // A sequence's requests carry state from one to the next: split by
-        // count, they would meet both versions.
         let sequences = registry.resolve(name, Some(serving)).is_ok_and(|m| m.takes_sequences());
         if sequences && plan.sticky_header.is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "rollout of '{name}': the model has sequence_batching, and a split by count would send one \
-                 sequence's requests to both versions; give a 'sticky_header' that each sequence's requests carry"
-            )));
+            return Err(Error::InvalidArgument(needs_sticky_header(name)));
         }
-        let status = self.core.rollouts.start(name, plan, serving);
+        let status = self.rollouts.start(name, plan, serving);
         tracing::info!(model = %name, serving, candidate = status.candidate, percent = status.percent,
             "rollout started");
         Ok(status)
+    }
+
+    /// The READY version of `name` that answers the requests naming no
+    /// version, as far as a new version rolling out from it goes: its
+    /// rollout's (see [`crate::rollout::Rollouts::answering`]), else its
+    /// highest READY one.
+    pub(super) fn answering(&self, name: &str) -> Option<u64> {
+        let version = match self.rollouts.answering(name) {
+            Some(v) => v,
+            None => self.registry.resolve(name, None).ok()?.version,
+        };
+        self.registry.is_ready(name, version).then_some(version)
+    }
+
+    /// Rolls `candidate`, a version a load just made READY, out from
+    /// `serving`, as the model's declared `plan` says. A rollout that
+    /// cannot start (the serving version went meanwhile) leaves the new
+    /// version to replace the old one as usual, with a warning.
+    pub(super) fn roll_out_new_version(&self, name: &str, plan: &str, candidate: u64, serving: u64) {
+        let started = Plan::declared(plan, candidate, serving)
+            .map_err(Error::InvalidArgument)
+            .and_then(|plan| self.start_rollout(name, plan));
+        if let Err(e) = started {
+            tracing::warn!(model = %name, version = candidate, "the rollout config.pbtxt declares did not start: {e}");
+        }
+    }
+}
+
+impl Lifecycle {
+    /// Starts a rollout of `name` to `plan.candidate` from `plan.serving`
+    /// (by default the highest READY version below the candidate),
+    /// replacing any earlier rollout of the model.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
+    /// when the candidate or the serving version is not READY, there is no
+    /// READY version below the candidate to serve meanwhile, or a sequence
+    /// model's plan has no `sticky_header`.
+    pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
+        self.core.start_rollout(name, plan)
     }
 
     /// Stops `name`'s rollout in canary: the serving version takes every

@@ -1,9 +1,12 @@
-//! The lifecycle as the [`ModelRunner`] of plugins' composed calls: the
-//! callee is resolved as a client's request is (on-demand loading and
-//! residency apply) and runs through its own scheduler and plugin; and
-//! the [`WarmUpRunner`] of a plugin's warm-up samples.
+//! The lifecycle as the [`ModelRunner`] of plugins' composed calls and
+//! ensemble steps: the callee is resolved as a client's request is
+//! (on-demand loading and residency apply, a rollout picks the version of
+//! a call that names none and counts its answer) and runs through its own
+//! scheduler and plugin; and the [`WarmUpRunner`] of a plugin's warm-up
+//! samples.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::Lifecycle;
 use crate::config::Signature;
@@ -26,12 +29,19 @@ impl ModelRunner for Lifecycle {
         options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
-            let callee = self.resolve(&model, version).await?;
-            infer_on(&callee, inputs, &outputs, options, self).await
+            // A sequence stays on one version: its id is the sticky key.
+            let key = options.sequence.as_ref().map(|s| s.id.to_string());
+            let callee = self.route(&model, version, &|_| key.clone()).await?;
+            let started = Instant::now();
+            let result = infer_on(&callee, inputs, &outputs, options, self.clone()).await;
+            self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+            result
         })
     }
 
     fn signature(self: Arc<Self>, model: String, version: Option<u64>) -> BoxFuture<Result<Signature, Error>> {
+        // Not routed: a rollout's versions take the same tensors, and a
+        // look at the signature is no request to count.
         Box::pin(async move { Ok(self.resolve(&model, version).await?.signature.clone()) })
     }
 
@@ -44,8 +54,11 @@ impl ModelRunner for Lifecycle {
         trace: Option<Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
-            let callee = self.resolve(&model, version).await?;
-            predict_on(&callee, request, chain, trace, self).await
+            let callee = self.route(&model, version, &|_| None).await?;
+            let started = Instant::now();
+            let result = predict_on(&callee, request, chain, trace, self.clone()).await;
+            self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+            result
         })
     }
 }

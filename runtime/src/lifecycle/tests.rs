@@ -129,6 +129,15 @@ async fn poll_acts_on_a_folder_once_its_files_stopped_changing_and_unloads_remov
     lifecycle.poll().await;
     assert_eq!(loader.count(), loads_before, "nothing changed, nothing reloaded");
 
+    repo.add("b", &[2], "version_policy { all {} }");
+    lifecycle.poll().await;
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle)[1..], [row("b", "1", "READY", ""), row("b", "2", "READY", "")]);
+    std::fs::remove_dir_all(repo.model_path("b").join("2")).unwrap();
+    lifecycle.poll().await;
+    lifecycle.poll().await;
+    assert_eq!(index(&lifecycle)[1..], [row("b", "1", "READY", "")], "a version folder removed is unloaded");
+
     repo.remove("a");
     lifecycle.poll().await;
     assert_eq!(index(&lifecycle)[0], row("a", "", "UNAVAILABLE", "unloaded"));

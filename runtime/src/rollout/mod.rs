@@ -12,7 +12,7 @@ pub mod compare;
 mod plan;
 mod window;
 
-pub use plan::{DEFAULT_STEPS, Plan, ShadowPlan};
+pub use plan::{DEFAULT_STEPS, Plan, ROLLOUT_PARAMETER, ShadowPlan, declared_plan, needs_sticky_header};
 pub use window::{Figures, Window};
 
 use std::collections::HashMap;
@@ -436,6 +436,16 @@ impl Rollouts {
             Phase::Promoted => rollout.plan.candidate,
             Phase::RolledBack => rollout.serving,
         })
+    }
+
+    /// The version of `model` that answers the requests naming no version
+    /// when its rollout splits none: the serving version in the shadow
+    /// phase, in canary and after a rollback, the candidate once promoted.
+    /// `None` when the model has no rollout.
+    pub fn answering(&self, model: &str) -> Option<u64> {
+        let by_model = self.by_model.lock().expect("rollouts lock");
+        let rollout = by_model.get(model)?;
+        Some(if rollout.phase == Phase::Promoted { rollout.plan.candidate } else { rollout.serving })
     }
 
     /// Counts a request that `version` of `model` answered (`failed`: on the

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::proto::model_config::SchedulingChoice;
+use crate::config::{self, ModelConfig};
+
 /// The canary steps when a plan names none: the percentages of
 /// unversioned requests the candidate answers, one after another.
 pub const DEFAULT_STEPS: [f64; 4] = [1.0, 10.0, 50.0, 100.0];
@@ -137,6 +140,32 @@ impl Plan {
         Ok(plan)
     }
 
+    /// Reads the plan a model declares in its `config.pbtxt` parameter
+    /// `rollout`, for a new version `candidate` that rolls out from the
+    /// version `serving` before it. The version folders decide both, so the
+    /// declared plan names neither.
+    ///
+    /// # Errors
+    /// As [`Plan::parse`], and a message naming `candidate` or `serving`
+    /// when the declared plan names them.
+    pub fn declared(json: &str, candidate: u64, serving: u64) -> Result<Plan, String> {
+        let mut fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(json).map_err(|e| format!("rollout plan: {e}"))?;
+        for decided in ["candidate", "serving"] {
+            if fields.contains_key(decided) {
+                return Err(format!(
+                    "rollout plan: a plan in config.pbtxt names no '{decided}': a new version folder is the \
+                     candidate, and the version serving before it the serving one"
+                ));
+            }
+        }
+        fields.insert("candidate".into(), candidate.into());
+        fields.insert("serving".into(), serving.into());
+        let plan: Plan = serde_json::from_value(fields.into()).map_err(|e| format!("rollout plan: {e}"))?;
+        plan.check()?;
+        Ok(plan)
+    }
+
     /// The dwell time of each step.
     pub fn dwell(&self) -> Duration {
         Duration::from_secs_f64(self.dwell_secs)
@@ -199,6 +228,37 @@ impl Plan {
     }
 }
 
+/// The `config.pbtxt` parameter that declares the rollout every new version
+/// of the model goes through: a plan in JSON without `candidate` or
+/// `serving` ([`Plan::declared`]).
+pub const ROLLOUT_PARAMETER: &str = "rollout";
+
+/// The plan `config` declares in its [`ROLLOUT_PARAMETER`], checked as far
+/// as it can be before the versions are known.
+///
+/// # Errors
+/// A message naming the parameter: a plan that does not parse, or one
+/// without a `sticky_header` for a model with `sequence_batching`.
+pub fn declared_plan(config: &ModelConfig) -> Result<Option<&str>, String> {
+    let Some(json) = config::parameter(config, ROLLOUT_PARAMETER) else { return Ok(None) };
+    let plan = Plan::declared(json, 2, 1).map_err(|e| format!("parameter '{ROLLOUT_PARAMETER}': {e}"))?;
+    let sequences = matches!(config.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_)));
+    if sequences && plan.sticky_header.is_none() {
+        return Err(format!("parameter '{ROLLOUT_PARAMETER}': {}", needs_sticky_header(&config.name)));
+    }
+    Ok(Some(json))
+}
+
+/// Why a rollout of sequence model `name` needs a `sticky_header`.
+pub fn needs_sticky_header(name: &str) -> String {
+    // A sequence's requests carry state from one to the next: split by
+    // count, they would meet both versions.
+    format!(
+        "rollout of '{name}': the model has sequence_batching, and a split by count would send one sequence's \
+         requests to both versions; give a 'sticky_header' that each sequence's requests carry"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +268,21 @@ mod tests {
         let plan = Plan::parse(br#"{"candidate": 2}"#).unwrap();
         assert_eq!(plan.steps, DEFAULT_STEPS);
         assert_eq!((plan.serving, plan.min_requests, plan.sticky_header), (None, 50, None));
+    }
+
+    #[test]
+    fn a_declared_plan_gets_its_versions_from_the_folders() {
+        let plan = Plan::declared(r#"{"steps": [50, 100]}"#, 3, 2).unwrap();
+        assert_eq!((plan.candidate, plan.serving, plan.steps), (3, Some(2), vec![50.0, 100.0]));
+        for (json, words) in [
+            (r#"{"candidate": 3}"#, "names no 'candidate'"),
+            (r#"{"serving": 1}"#, "names no 'serving'"),
+            (r#"{"stepz": [100]}"#, "unknown field `stepz`"),
+            (r#"[100]"#, "expected a map"),
+        ] {
+            let e = Plan::declared(json, 3, 2).unwrap_err();
+            assert!(e.contains(words), "{json}: {e}");
+        }
     }
 
     #[test]
