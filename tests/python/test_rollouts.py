@@ -472,3 +472,62 @@ ensemble_scheduling { step [ { model_name: "ro" model_version: -1
     finally:
         server.stop()
     assert (status["candidate_window"]["requests"], status["serving_window"]["requests"]) == (50, 50), status
+
+
+def poll_repository(tmp_path, plan, policy=""):
+    """`ro` declaring `plan`, version 1 only, served in poll mode."""
+    repo = tmp_path / "repo"
+    (repo / "ro").mkdir(parents=True)
+    (repo / "ro/config.pbtxt").write_text(declaring(plan) + policy)
+    identity(repo / "ro/1/model.onnx")
+    return repo, Plinth(repo, "--model-control-mode", "poll", "--repository-poll-secs", "1")
+
+
+def copy_in(tmp_path, repo, version, write):
+    """Writes a version folder beside the repository and moves it in whole."""
+    write(tmp_path / f"staging/{version}/model.onnx")
+    (tmp_path / f"staging/{version}").rename(repo / f"ro/{version}")
+
+
+def test_a_declared_rollout_keeps_its_candidate_when_a_newer_version_fails_and_ends_when_its_serving_folder_goes(
+        tmp_path):
+    repo, server = poll_repository(tmp_path, {"steps": [50, 100], "dwell_secs": 3600, "p99_slack_ms": 1000})
+    try:
+        copy_in(tmp_path, repo, 2, identity)
+        wait_until("version 2 rolls out", lambda: (rollout(server) or {}).get("candidate") == 2)
+        (tmp_path / "staging/3").mkdir(parents=True)
+        (tmp_path / "staging/3/model.onnx").write_bytes(b"not onnx")
+        (tmp_path / "staging/3").rename(repo / "ro/3")
+        server.wait_for_log(r"load failed.*version=3|version=3.*load failed")
+        assert versions(server) == ["1", "2"], "the candidate in canary stays"
+        assert (rollout(server)["phase"], rollout(server)["candidate"]) == ("CANARY", 2)
+        shutil.rmtree(repo / "ro/3")
+
+        shutil.rmtree(repo / "ro/1")
+        wait_until("version 1 is unloaded", lambda: versions(server) == ["2"])
+        status = rollout(server)
+        assert status["phase"] == "ROLLED_BACK" and status["reason"] == "the serving version 1 was unloaded", status
+        assert all(infer(server, GOOD)[1]["model_version"] == "2" for _ in range(10))
+    finally:
+        server.stop()
+
+
+def test_promotion_unloads_the_serving_version_and_no_other(tmp_path):
+    """Under `version_policy { all {} }` versions 1 and 2 serve, 2 answering;
+    version 3 rolls out from 2 and, promoted, replaces 2 only."""
+    plan = {"steps": [50, 100], "dwell_secs": 0, "min_requests": 10, "p99_slack_ms": 1000}
+    repo, server = poll_repository(tmp_path, plan, "version_policy { all {} }\n")
+    try:
+        copy_in(tmp_path, repo, 2, identity)
+        wait_until("version 2 loads", lambda: versions(server) == ["1", "2"])
+        traffic = Traffic(server)
+        wait_until("version 2 is promoted", lambda: (rollout(server) or {}).get("phase") == "PROMOTED")
+        wait_until("version 1 is unloaded", lambda: versions(server) == ["2"])
+        copy_in(tmp_path, repo, 3, identity)
+        wait_until("version 3 rolls out", lambda: rollout(server)["candidate"] == 3)
+        wait_until("version 3 is promoted", lambda: rollout(server)["phase"] == "PROMOTED")
+        wait_until("version 2 is unloaded", lambda: versions(server) == ["1", "3"])
+        answers = traffic.stop()
+    finally:
+        server.stop()
+    assert [a for a in answers if a[2] != 200] == []

@@ -334,9 +334,10 @@ impl Core {
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
         // With a declared rollout, the version answering now stays beside
-        // the versions the policy selects: a new one rolls out from it.
-        let answering = declared.and_then(|_| self.answering(name));
-        let keep: Vec<u64> = targets.iter().copied().chain(answering).collect();
+        // the versions the policy selects (while its folder is there): a
+        // new one rolls out from it.
+        let answering = declared.and_then(|_| self.answering(name)).filter(|v| available.contains(v));
+        let mut keep: Vec<u64> = targets.iter().copied().chain(answering).collect();
         // Versions taken out since (evicted, refused room) serve no more.
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         let mut changed: Vec<(u64, LoadKey)> = targets
@@ -353,8 +354,10 @@ impl Core {
         if changed.is_empty() {
             // A version folder removed since serves no more.
             let before = record.loaded.len();
+            keep.extend(self.rollouts.candidate_in_progress(name).filter(|v| available.contains(v)));
             self.registry.retire_versions(name, &keep);
             record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
+            self.end_rollout_without_versions(name);
             if record.loaded.len() == before {
                 return Ok(());
             }
@@ -394,11 +397,18 @@ impl Core {
             }
         }
         let candidate = answering.and_then(|serving| new_ready.into_iter().filter(|v| *v != serving).max());
-        if let (Some(plan), Some(serving), Some(candidate)) = (declared, answering, candidate) {
-            self.roll_out_new_version(name, plan, candidate, serving);
+        let started = match (declared, answering, candidate) {
+            (Some(plan), Some(serving), Some(candidate)) => self.roll_out_new_version(name, plan, candidate, serving),
+            _ => false,
+        };
+        if !started {
+            // A candidate in progress stays unless a new one replaced it
+            // (a newer version that failed to load replaces nothing).
+            keep.extend(self.rollouts.candidate_in_progress(name).filter(|v| available.contains(v)));
         }
         self.registry.retire_versions(name, &keep);
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
+        self.end_rollout_without_versions(name);
         self.settle_config(name, &config, record).map_err(LoadError::Failed)?;
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
     }
@@ -645,17 +655,18 @@ impl Core {
         self.forget_residency(name);
     }
 
-    /// Takes every version of `name` but `version` out of service (a
-    /// promoted rollout's candidate stays alone), keeping the residency
-    /// accounting in step.
-    pub(super) async fn keep_only(&self, name: &str, version: u64) {
+    /// Takes `version` of `name` out of service (a promoted rollout's
+    /// serving version), keeping the residency accounting in step. The
+    /// model's other versions stay.
+    pub(super) async fn retire_version(&self, name: &str, version: u64) {
         let record = self.record(name);
         let mut record = record.lock().await;
-        if !self.registry.is_ready(name, version) {
+        let keep: Vec<u64> = self.registry.ready_versions(name).into_iter().filter(|v| *v != version).collect();
+        if keep.is_empty() {
             return;
         }
-        self.registry.retire_versions(name, &[version]);
-        record.loaded.retain(|v, _| *v == version);
+        self.registry.retire_versions(name, &keep);
+        record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         if let Err(reason) = self.settle(name, record.footprint(), self.residency.is_pinned(name)) {
             tracing::warn!(model = %name, "{reason}");
         }

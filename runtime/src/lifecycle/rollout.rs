@@ -68,24 +68,42 @@ impl Core {
     /// rollout's (see [`crate::rollout::Rollouts::answering`]), else its
     /// highest READY one.
     pub(super) fn answering(&self, name: &str) -> Option<u64> {
-        let version = match self.rollouts.answering(name) {
-            Some(v) => v,
-            None => self.registry.resolve(name, None).ok()?.version,
-        };
-        self.registry.is_ready(name, version).then_some(version)
+        match self.rollouts.answering(name).filter(|v| self.registry.is_ready(name, *v)) {
+            Some(v) => Some(v),
+            None => Some(self.registry.resolve(name, None).ok()?.version),
+        }
+    }
+
+    /// Ends `name`'s rollout in progress once one of its two versions is
+    /// no longer READY (its folder removed, its declaration gone), so that
+    /// its status says what happened; requests that name no version go
+    /// to the version left.
+    pub(super) fn end_rollout_without_versions(&self, name: &str) {
+        let Some(status) = self.rollouts.status(name) else { return };
+        let gone = [("serving", status.serving), ("candidate", status.candidate)]
+            .into_iter()
+            .find(|(_, v)| !self.registry.is_ready(name, *v));
+        if let Some((role, version)) = gone {
+            let reason = format!("the {role} version {version} was unloaded");
+            if self.rollouts.cancel(name, &reason).is_some() {
+                tracing::warn!(model = %name, version, "rollout ended: {reason}");
+            }
+        }
     }
 
     /// Rolls `candidate`, a version a load just made READY, out from
-    /// `serving`, as the model's declared `plan` says. A rollout that
-    /// cannot start (the serving version went meanwhile) leaves the new
-    /// version to replace the old one as usual, with a warning.
-    pub(super) fn roll_out_new_version(&self, name: &str, plan: &str, candidate: u64, serving: u64) {
+    /// `serving`, as the model's declared `plan` says; whether it started.
+    /// A rollout that cannot start (the serving version went meanwhile)
+    /// leaves the new version to replace the old one as usual, with a
+    /// warning.
+    pub(super) fn roll_out_new_version(&self, name: &str, plan: &str, candidate: u64, serving: u64) -> bool {
         let started = Plan::declared(plan, candidate, serving)
             .map_err(Error::InvalidArgument)
             .and_then(|plan| self.start_rollout(name, plan));
-        if let Err(e) = started {
+        if let Err(e) = &started {
             tracing::warn!(model = %name, version = candidate, "the rollout config.pbtxt declares did not start: {e}");
         }
+        started.is_ok()
     }
 }
 
@@ -253,7 +271,7 @@ impl Lifecycle {
                 tracing::info!(model = %name, version = candidate, replaced = serving, "rollout promoted");
                 let core = self.core.clone();
                 let name = name.to_owned();
-                tokio::spawn(async move { core.keep_only(&name, candidate).await });
+                tokio::spawn(async move { core.retire_version(&name, serving).await });
             }
         }
     }

@@ -252,8 +252,10 @@ impl Rollout {
             return Some(self.roll_back(reason));
         }
         let dwelt = now.duration_since(self.step_started) >= self.plan.dwell();
-        let measured = self.candidate_window.requests >= self.plan.min_requests
-            && self.serving_window.requests >= self.plan.min_requests;
+        // A plan whose only step is 100 % leaves the serving version nothing
+        // to answer: only the error rule (and a shadow phase) judge it.
+        let serving_measured = self.serving_window.requests >= self.plan.min_requests || self.plan.steps[0] >= 100.0;
+        let measured = self.candidate_window.requests >= self.plan.min_requests && serving_measured;
         if !(dwelt && measured) {
             return None;
         }
@@ -446,6 +448,12 @@ impl Rollouts {
         let by_model = self.by_model.lock().expect("rollouts lock");
         let rollout = by_model.get(model)?;
         Some(if rollout.phase == Phase::Promoted { rollout.plan.candidate } else { rollout.serving })
+    }
+
+    /// The candidate of `model`'s rollout while it is in progress.
+    pub fn candidate_in_progress(&self, model: &str) -> Option<u64> {
+        let by_model = self.by_model.lock().expect("rollouts lock");
+        by_model.get(model).filter(|r| r.in_progress()).map(|r| r.plan.candidate)
     }
 
     /// Counts a request that `version` of `model` answered (`failed`: on the

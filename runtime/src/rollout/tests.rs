@@ -148,3 +148,13 @@ fn agreeing_answers_end_the_shadow_phase_and_a_full_queue_drops_requests() {
     assert_eq!(rollout.phase, Phase::Canary);
     assert_eq!(rollout.shadow_ticket("m").map(|t| t.candidate), None, "no shadowing in the canary");
 }
+
+#[test]
+fn a_plan_whose_only_step_is_100_promotes_on_the_candidates_evidence() {
+    let now = Instant::now();
+    let mut rollout =
+        Rollout::new(plan(r#"{"candidate": 2, "steps": [100], "dwell_secs": 0, "min_requests": 5}"#), 1, now);
+    let answers: Vec<_> = (0..5).map(|_| rollout.observe(2, FAST, false, now)).collect();
+    assert_eq!(answers[..4], [None, None, None, None]);
+    assert_eq!(answers[4], Some(Transition::Promoted { candidate: 2, serving: 1 }));
+}
