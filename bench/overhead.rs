@@ -1,18 +1,18 @@
-//! Plinth's own overhead per request (issue 20): each figure measured in
-//! one run against its floor measured in the same run, printed with the
-//! figure before this work (measured the same way on commit 440c5b9, the
-//! issue's table) and the target.
+//! Plinth's own overhead per request: each figure measured in one run
+//! against its floor measured in the same run, printed with the figure
+//! before (the previous round's end, `docs/benchmarks.md`) and the goal.
 //!
 //! - the tiny MLP of `bench/make_mlp.py` at concurrency 1 (`wrk`, one
 //!   connection, closed loop, v2 JSON), minus nginx answering the same
-//!   bytes (`return 200`), measured alternately;
+//!   bytes (`return 200`), and minus a bare axum server in this process
+//!   answering them (the HTTP stack Plinth is built on), measured in turns;
 //! - ocr_cls (27,648 FP32, 207 KB as JSON) at concurrency 1, as JSON and as
 //!   binary tensor data, minus ONNX Runtime in this process at batch 1;
 //! - ocr_cls from 16 connections with dynamic batching, binary data, over
 //!   ONNX Runtime in this process at its best batch size;
 //! - ocr_cls's postprocess, a plugin call that does next to nothing, and
-//!   image preprocessing in the sandbox over the same Rust natively
-//!   (`plugin_stages`);
+//!   image preprocessing and minilm's tokenizer in the sandbox over the
+//!   same Rust natively (`plugin_stages`);
 //! - start-up on the example repository with a warm plugin cache, minus
 //!   its slowest single model load in the same start-up.
 //!
