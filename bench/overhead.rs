@@ -1,18 +1,18 @@
-//! Plinth's own overhead per request (issue 20): each figure measured in
-//! one run against its floor measured in the same run, printed with the
-//! figure before this work (measured the same way on commit 440c5b9, the
-//! issue's table) and the target.
+//! Plinth's own overhead per request: each figure measured in one run
+//! against its floor measured in the same run, printed with the figure
+//! before (the previous round's end, `docs/benchmarks.md`) and the goal.
 //!
 //! - the tiny MLP of `bench/make_mlp.py` at concurrency 1 (`wrk`, one
 //!   connection, closed loop, v2 JSON), minus nginx answering the same
-//!   bytes (`return 200`), measured alternately;
+//!   bytes (`return 200`), and minus a bare axum server in this process
+//!   answering them (the HTTP stack Plinth is built on), measured in turns;
 //! - ocr_cls (27,648 FP32, 207 KB as JSON) at concurrency 1, as JSON and as
 //!   binary tensor data, minus ONNX Runtime in this process at batch 1;
 //! - ocr_cls from 16 connections with dynamic batching, binary data, over
 //!   ONNX Runtime in this process at its best batch size;
 //! - ocr_cls's postprocess, a plugin call that does next to nothing, and
-//!   image preprocessing in the sandbox over the same Rust natively
-//!   (`plugin_stages`);
+//!   image preprocessing and minilm's tokenizer in the sandbox over the
+//!   same Rust natively (`plugin_stages`);
 //! - start-up on the example repository with a warm plugin cache, minus
 //!   its slowest single model load in the same start-up.
 //!
@@ -34,32 +34,37 @@ use ort::session::Session;
 use plinth_client::{Client, InferInput, InferRequest};
 use plinth_tests::{Server, add_model, example_repository, fixture, ort_dylib_path, root, sample_photo};
 
-/// The figures of the issue's table before this work, in the units printed.
+/// The figures before this work: the previous round's end, measured the
+/// same way (`docs/benchmarks.md`), in the units printed.
 const BEFORE: Before = Before {
-    tiny_us: 73.0,
-    json_ms: 1.5,
-    binary_ms: 0.27,
-    batching_ratio: f64::NAN,
-    noop_us: 30.0,
-    preprocess_ratio: 1.85,
-    startup_s: 6.0,
+    tiny_us: "+54.5",
+    tiny_axum_us: "not measured",
+    json_ms: "+2.07",
+    binary_ms: "+0.25",
+    batching_ratio: "0.71",
+    noop_us: "32",
+    preprocess_ratio: ["1.70×", "1.95×", "2.00×"],
+    tokenizer_ratio: "not measured",
+    startup_s: "+0.36",
 };
 
 struct Before {
-    tiny_us: f64,
-    json_ms: f64,
-    binary_ms: f64,
-    batching_ratio: f64,
-    noop_us: f64,
-    preprocess_ratio: f64,
-    startup_s: f64,
+    tiny_us: &'static str,
+    tiny_axum_us: &'static str,
+    json_ms: &'static str,
+    binary_ms: &'static str,
+    batching_ratio: &'static str,
+    noop_us: &'static str,
+    preprocess_ratio: [&'static str; 3],
+    tokenizer_ratio: &'static str,
+    startup_s: &'static str,
 }
 
 fn main() {
     let seconds: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5);
     let window = Duration::from_secs(seconds);
     let work = tempfile::tempdir().expect("a temporary folder");
-    println!("| figure | now | floor (same run) | before | target |");
+    println!("| figure | now | floor (same run) | before | goal |");
     println!("|---|---|---|---|---|");
     tiny_model(work.path(), window);
     ocr_cls(work.path(), window);
@@ -159,8 +164,7 @@ impl Drop for Nginx {
     }
 }
 
-fn row(figure: &str, now: String, floor: String, before: f64, target: &str) {
-    let before = if before.is_nan() { "not measured".to_owned() } else { format!("{before}") };
+fn row(figure: &str, now: String, floor: String, before: &str, target: &str) {
     println!("| {figure} | {now} | {floor} | {before} | {target} |");
 }
 
@@ -180,7 +184,7 @@ fn tiny_model(work: &Path, window: Duration) {
     let request = InferRequest::new(vec![InferInput::fp32("x", &[1, 64], &[0.5; 64])]).to_json();
     let body = work.join("mlp.json");
     std::fs::write(&body, &request).expect("the request body");
-    let answer = reqwest::blocking::Client::new()
+    let answer = plinth_client::http_client(None)
         .post(server.url("/v2/models/mlp/infer"))
         .body(request)
         .send()
@@ -189,23 +193,56 @@ fn tiny_model(work: &Path, window: Duration) {
     let nginx_dir = work.join("nginx");
     std::fs::create_dir_all(&nginx_dir).expect("nginx's folder");
     let nginx = Nginx::start(&nginx_dir, &answer);
-    let plinth_url = server.url("/v2/models/mlp/infer");
-    let nginx_url = format!("http://127.0.0.1:{}/v2/models/mlp/infer", nginx.port);
-    // Alternating halves, so both see the same machine.
-    let half = window / 2;
-    let (mut plinth, mut floor) = (Vec::new(), Vec::new());
-    for _ in 0..2 {
-        plinth.push(wrk(&plinth_url, &body, &[("Content-Type", "application/json".into())], 1, half).p50_us);
-        floor.push(wrk(&nginx_url, &body, &[("Content-Type", "application/json".into())], 1, half).p50_us);
+    let axum = bare_axum(answer.clone());
+    let urls = [
+        server.url("/v2/models/mlp/infer"),
+        format!("http://127.0.0.1:{}/v2/models/mlp/infer", nginx.port),
+        format!("http://127.0.0.1:{axum}/v2/models/mlp/infer"),
+    ];
+    // Alternating thirds, so all three see the same machine.
+    let part = window / 3;
+    let mut p50s = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (url, p50) in urls.iter().zip(&mut p50s) {
+            p50.push(wrk(url, &body, &[("Content-Type", "application/json".into())], 1, part).p50_us);
+        }
     }
-    let (p, f) = (mean(&plinth), mean(&floor));
+    let [plinth, nginx, axum] = p50s.map(|p| mean(&p));
     row(
-        &format!("tiny model, c=1, p50 minus a static answer of the same size ({} bytes)", answer.len()),
-        format!("{:+.1} µs (p50 {p:.1} µs)", p - f),
-        format!("nginx p50 {f:.1} µs"),
+        &format!("tiny model, c=1, p50 minus nginx's static answer of the same size ({} bytes)", answer.len()),
+        format!("{:+.1} µs (p50 {plinth:.1} µs)", plinth - nginx),
+        format!("nginx p50 {nginx:.1} µs"),
         BEFORE.tiny_us,
         "≤ +25 µs",
     );
+    row(
+        "the same, minus a bare axum server answering the same bytes (Plinth's own part)",
+        format!("{:+.1} µs", plinth - axum),
+        format!("axum p50 {axum:.1} µs"),
+        BEFORE.tiny_axum_us,
+        "",
+    );
+}
+
+/// A bare axum server in this process answering every request with
+/// `answer` (JSON), on a multi-threaded tokio runtime of two workers as
+/// Plinth's on this machine: the HTTP stack Plinth is built on, without
+/// Plinth. Returns its port; it serves until the process ends.
+fn bare_axum(answer: String) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().expect("its address").port();
+    listener.set_nonblocking(true).expect("a non-blocking listener");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+        runtime.expect("a runtime").block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+            let app = axum::Router::new().fallback(move || std::future::ready((json, answer.clone())));
+            axum::serve(listener, app).await.expect("the bare server serves");
+        });
+    });
+    plinth_tests::wait_until("axum listens", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    port
 }
 
 fn mean(values: &[f64]) -> f64 {
@@ -307,15 +344,31 @@ fn plugins() {
         "image/jpeg",
         sample_photo("china.jpg"),
     );
-    for (model, stage) in [("ocr_cls", cls_pre), ("ocr_rec", rec_pre), ("mobilenet_v2", mobilenet_pre)] {
+    let stages = [("ocr_cls", cls_pre), ("ocr_rec", rec_pre), ("mobilenet_v2", mobilenet_pre)];
+    for ((model, stage), before) in stages.into_iter().zip(BEFORE.preprocess_ratio) {
         row(
             &format!("image {} in the sandbox ÷ natively ({model})", stage.name),
             format!("{:.2}× ({:.0} µs)", us(stage.wasm) / us(stage.native), us(stage.wasm)),
             format!("native {:.0} µs", us(stage.native)),
-            BEFORE.preprocess_ratio,
+            before,
             "≤ 1.3×",
         );
     }
+    // SAFETY: as above; the plugins read it in `init` only.
+    unsafe { std::env::set_var("PLINTH_MODEL_DIR", example_repository().join("minilm/1")) };
+    // 16 texts of 3 to 59 tokens, as plugins_native sends.
+    let sentences = String::from_utf8(fixture("sentences.txt")).expect("UTF-8 sentences");
+    let texts: Vec<&str> = sentences.lines().step_by(3).take(16).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "input": texts })).expect("JSON");
+    let [tokenize, _] =
+        plugin_stages::measure::<text_embedding::ExportedPlugin>(&server, &client, "minilm", "application/json", body);
+    row(
+        "tokenizer preprocess (16 texts) in the sandbox ÷ natively (minilm)",
+        format!("{:.2}× ({:.0} µs)", us(tokenize.wasm) / us(tokenize.native), us(tokenize.wasm)),
+        format!("native {:.0} µs", us(tokenize.native)),
+        BEFORE.tokenizer_ratio,
+        "≤ 1.3×",
+    );
 }
 
 /// Start-up on the example repository with a warm plugin cache: its whole

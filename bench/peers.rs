@@ -102,7 +102,7 @@ fn main() {
     for (name, client) in &clients {
         check_answer(client, name, &expected);
     }
-    let http = reqwest::blocking::Client::new();
+    let http = plinth_client::http_client(None);
     let readers: Vec<LineRequest> = match &line {
         Some(line) => args.servers.iter().map(|(name, url)| LineRequest::new(name, url, line)).collect(),
         None => Vec::new(),

@@ -56,7 +56,7 @@ pub fn measure<P: Plugin>(
 /// Median `preprocess` and `postprocess` times from `/predict`'s
 /// `Server-Timing` header.
 fn sandboxed(server: &Server, model: &str, content_type: &str, body: &[u8]) -> (Duration, Duration) {
-    let http = reqwest::blocking::Client::new();
+    let http = plinth_client::http_client(None);
     let url = server.url(&format!("/v2/models/{model}/predict"));
     let (mut pre, mut post) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
@@ -120,7 +120,8 @@ fn model_info(server: &Server, model: &str) -> ModelInfo {
 fn datatype(config_type: &str) -> Datatype {
     match config_type {
         "TYPE_FP32" => Datatype::Fp32,
-        other => panic!("the benchmark's plugins take FP32 tensors, not {other}"),
+        "TYPE_INT64" => Datatype::Int64,
+        other => panic!("the benchmark's plugins take FP32 and INT64 tensors, not {other}"),
     }
 }
 
@@ -137,10 +138,17 @@ fn run_model(client: &Client, model: &str, inputs: &[Tensor]) -> Vec<Tensor> {
     let request = InferRequest::new(
         inputs
             .iter()
-            .map(|t| {
-                let values: Vec<f32> =
-                    t.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                InferInput::fp32(&t.name, &t.shape, &values)
+            .map(|t| match t.datatype {
+                Datatype::Int64 => {
+                    let values: Vec<i64> =
+                        t.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+                    InferInput { name: t.name.clone(), shape: t.shape.clone(), datatype: "INT64".into(), data: values.into() }
+                }
+                _ => {
+                    let values: Vec<f32> =
+                        t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+                    InferInput::fp32(&t.name, &t.shape, &values)
+                }
             })
             .collect(),
     );
