@@ -142,7 +142,12 @@ fn run_model(client: &Client, model: &str, inputs: &[Tensor]) -> Vec<Tensor> {
                 Datatype::Int64 => {
                     let values: Vec<i64> =
                         t.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
-                    InferInput { name: t.name.clone(), shape: t.shape.clone(), datatype: "INT64".into(), data: values.into() }
+                    InferInput {
+                        name: t.name.clone(),
+                        shape: t.shape.clone(),
+                        datatype: "INT64".into(),
+                        data: values.into(),
+                    }
                 }
                 _ => {
                     let values: Vec<f32> =
