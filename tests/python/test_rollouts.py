@@ -353,8 +353,9 @@ def test_a_good_candidate_goes_from_shadow_to_promoted_with_no_failed_request(tm
     assert [a for a in answers if a[2] != 200] == []
 
 
-def test_a_sequence_model_needs_a_sticky_header(tmp_path):
-    """A sequence's requests must meet one version: the example VAD model
+def test_one_sequence_meets_one_version(tmp_path):
+    """A sequence's requests carry state: under a rollout with no sticky
+    header they are keyed by the sequence id. The example VAD model
     (sequence_batching, implicit state), its version 1 copied as 2."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "model_repository/vad", repo / "vad")
@@ -363,13 +364,24 @@ def test_a_sequence_model_needs_a_sticky_header(tmp_path):
         config.write("version_policy { all {} }\n")
     server = Plinth(repo, "--model-control-mode", "explicit", "--load-model", "vad")
     try:
-        path = "/v2/repository/models/vad/rollout"
-        status, body = call(server, path, b'{"candidate": 2}')
-        assert status == 400 and "give a 'sticky_header' that each sequence's requests carry" in body["error"], body
-        status, body = call(server, path, b'{"candidate": 2, "sticky_header": "x-stream"}')
+        plan = {"candidate": 2, "steps": [50, 100], "dwell_secs": 3600, "p99_slack_ms": 100000}
+        status, body = call(server, "/v2/repository/models/vad/rollout", json.dumps(plan).encode())
         assert status == 200 and body["phase"] == "CANARY", body
+        met = {}
+        for sequence in range(1, 41):
+            for step in range(3):
+                parameters = {"sequence_id": sequence, "sequence_start": step == 0, "sequence_end": step == 2}
+                request = {"parameters": parameters, "inputs": [
+                    {"name": "input", "shape": [1, 576], "datatype": "FP32", "data": [0.0] * 576},
+                    {"name": "sr", "shape": [], "datatype": "INT64", "data": [16000]}]}
+                status, body = call(server, "/v2/models/vad/infer", json.dumps(request).encode(),
+                                    {"Content-Type": "application/json"})
+                assert status == 200, body
+                met.setdefault(sequence, set()).add(body["model_version"])
     finally:
         server.stop()
+    assert all(len(versions) == 1 for versions in met.values()), met
+    assert {v for versions in met.values() for v in versions} == {"1", "2"}, "both versions answer sequences"
 
 
 def declaring(plan):

@@ -13,7 +13,7 @@ use super::core::Core;
 use crate::error::Error;
 use crate::model::{Model, OutputRequest};
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
-use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare, needs_sticky_header};
+use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare};
 use crate::scheduler::policy::RequestOptions;
 use crate::tensor::Tensor;
 
@@ -25,8 +25,7 @@ impl Core {
     /// # Errors
     /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
     /// when the candidate or the serving version is not READY, there is no
-    /// READY version below the candidate to serve meanwhile, or a sequence
-    /// model's plan has no `sticky_header`.
+    /// READY version below the candidate to serve meanwhile.
     pub(super) fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
         let registry = &self.registry;
         let ready = registry.ready_versions(name);
@@ -53,10 +52,6 @@ impl Core {
                 ))
             })?,
         };
-        let sequences = registry.resolve(name, Some(serving)).is_ok_and(|m| m.takes_sequences());
-        if sequences && plan.sticky_header.is_none() {
-            return Err(Error::InvalidArgument(needs_sticky_header(name)));
-        }
         let status = self.rollouts.start(name, plan, serving);
         tracing::info!(model = %name, serving, candidate = status.candidate, percent = status.percent,
             "rollout started");
@@ -115,8 +110,7 @@ impl Lifecycle {
     /// # Errors
     /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
     /// when the candidate or the serving version is not READY, there is no
-    /// READY version below the candidate to serve meanwhile, or a sequence
-    /// model's plan has no `sticky_header`.
+    /// READY version below the candidate to serve meanwhile.
     pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
         self.core.start_rollout(name, plan)
     }
@@ -167,6 +161,17 @@ impl Lifecycle {
                 Err(_) => self.resolve(name, None).await,
             },
             None => self.resolve(name, version).await,
+        }
+    }
+
+    /// The version of `model`'s rollout that a request of the sequence
+    /// `key` reaches (one version for the whole sequence, its id the
+    /// sticky key); `model` itself when no rollout decides otherwise, or
+    /// the version picked is no longer READY.
+    pub async fn route_sequence(&self, model: Arc<Model>, key: &str) -> Arc<Model> {
+        match self.core.rollouts.route_by_key(&model.name, key) {
+            Some(v) if v != model.version => self.resolve(&model.name, Some(v)).await.unwrap_or(model),
+            _ => model,
         }
     }
 

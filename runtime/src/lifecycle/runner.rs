@@ -29,9 +29,12 @@ impl ModelRunner for Lifecycle {
         options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
+            let callee = self.route(&model, version, &|_| None).await?;
             // A sequence stays on one version: its id is the sticky key.
-            let key = options.sequence.as_ref().map(|s| s.id.to_string());
-            let callee = self.route(&model, version, &|_| key.clone()).await?;
+            let callee = match (&options.sequence, version) {
+                (Some(sequence), None) => self.route_sequence(callee, &sequence.id.to_string()).await,
+                _ => callee,
+            };
             let started = Instant::now();
             let result = infer_on(&callee, inputs, &outputs, options, self.clone()).await;
             self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));

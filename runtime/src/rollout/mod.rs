@@ -12,7 +12,7 @@ pub mod compare;
 mod plan;
 mod window;
 
-pub use plan::{DEFAULT_STEPS, Plan, ROLLOUT_PARAMETER, ShadowPlan, declared_plan, needs_sticky_header};
+pub use plan::{DEFAULT_STEPS, Plan, ROLLOUT_PARAMETER, ShadowPlan, declared_plan};
 pub use window::{Figures, Window};
 
 use std::collections::HashMap;
@@ -426,12 +426,22 @@ impl Rollouts {
     /// when a rollout of it decides; `header` looks up a request header
     /// (for the plan's `sticky_header`).
     pub fn route(&self, model: &str, header: &(dyn Fn(&str) -> Option<String> + Sync)) -> Option<u64> {
+        self.pick(model, |plan| plan.sticky_header.as_deref().and_then(header))
+    }
+
+    /// As [`Rollouts::route`], for a request whose sticky key is `key`
+    /// whatever the plan's `sticky_header` (a sequence's id).
+    pub fn route_by_key(&self, model: &str, key: &str) -> Option<u64> {
+        self.pick(model, |_| Some(key.to_owned()))
+    }
+
+    fn pick(&self, model: &str, key: impl FnOnce(&Plan) -> Option<String>) -> Option<u64> {
         if self.kept.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut by_model = self.by_model.lock().expect("rollouts lock");
         let rollout = by_model.get_mut(model)?;
-        let key = rollout.plan.sticky_header.as_deref().and_then(header);
+        let key = key(&rollout.plan);
         Some(match rollout.phase {
             Phase::Shadow => rollout.serving,
             Phase::Canary => rollout.route(key.as_deref()),

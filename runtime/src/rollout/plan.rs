@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::proto::model_config::SchedulingChoice;
 use crate::config::{self, ModelConfig};
 
 /// The canary steps when a plan names none: the percentages of
@@ -237,26 +236,11 @@ pub const ROLLOUT_PARAMETER: &str = "rollout";
 /// as it can be before the versions are known.
 ///
 /// # Errors
-/// A message naming the parameter: a plan that does not parse, or one
-/// without a `sticky_header` for a model with `sequence_batching`.
+/// A message naming the parameter for a plan that does not parse.
 pub fn declared_plan(config: &ModelConfig) -> Result<Option<&str>, String> {
     let Some(json) = config::parameter(config, ROLLOUT_PARAMETER) else { return Ok(None) };
-    let plan = Plan::declared(json, 2, 1).map_err(|e| format!("parameter '{ROLLOUT_PARAMETER}': {e}"))?;
-    let sequences = matches!(config.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_)));
-    if sequences && plan.sticky_header.is_none() {
-        return Err(format!("parameter '{ROLLOUT_PARAMETER}': {}", needs_sticky_header(&config.name)));
-    }
+    Plan::declared(json, 2, 1).map_err(|e| format!("parameter '{ROLLOUT_PARAMETER}': {e}"))?;
     Ok(Some(json))
-}
-
-/// Why a rollout of sequence model `name` needs a `sticky_header`.
-pub fn needs_sticky_header(name: &str) -> String {
-    // A sequence's requests carry state from one to the next: split by
-    // count, they would meet both versions.
-    format!(
-        "rollout of '{name}': the model has sequence_batching, and a split by count would send one sequence's \
-         requests to both versions; give a 'sticky_header' that each sequence's requests carry"
-    )
 }
 
 #[cfg(test)]

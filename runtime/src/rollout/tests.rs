@@ -158,3 +158,14 @@ fn a_plan_whose_only_step_is_100_promotes_on_the_candidates_evidence() {
     assert_eq!(answers[..4], [None, None, None, None]);
     assert_eq!(answers[4], Some(Transition::Promoted { candidate: 2, serving: 1 }));
 }
+
+#[test]
+fn a_sequence_id_keys_a_request_whatever_the_plan_s_sticky_header() {
+    let rollouts = Rollouts::new(crate::metrics::Metrics::new().rollout.clone());
+    rollouts.start("m", plan(r#"{"candidate": 2, "steps": [50, 100]}"#), 1);
+    let first: Vec<u64> = (0..200).map(|id| rollouts.route_by_key("m", &id.to_string()).unwrap()).collect();
+    let again: Vec<u64> = (0..200).map(|id| rollouts.route_by_key("m", &id.to_string()).unwrap()).collect();
+    assert_eq!(first, again, "one sequence, one version");
+    let share = first.iter().filter(|v| **v == 2).count();
+    assert!((60..140).contains(&share), "about half the sequences meet version 2: {share}");
+}

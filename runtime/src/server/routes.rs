@@ -119,7 +119,7 @@ pub async fn infer(
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = service
-        .infer(&m, trace.map(|Extension(span)| span), |m| {
+        .infer(m, model.version, trace.map(|Extension(span)| span), |m| {
             let reads = service.shared_memory.reads();
             let binary::Decoded { request, head, tensors } =
                 binary::decode(header_length, &body, (&m.name, &m.signature), &reads)?;
@@ -129,6 +129,7 @@ pub async fn infer(
             Ok((call, (request.id, head, places, reads.into_held())))
         })
         .await?;
+    let m = inferred.model;
     let (id, head, places, _inputs) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
         let form = if places.write(&t)? {

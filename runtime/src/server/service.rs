@@ -131,6 +131,8 @@ pub fn output_places(service: &Service, outputs: &[RequestedOutput]) -> Result<O
 
 /// What an inference returned.
 pub struct Inferred<T> {
+    /// The version that answered.
+    pub model: Arc<Model>,
     /// The outputs asked for.
     pub outputs: Vec<Tensor>,
     /// Where its time went.
@@ -393,21 +395,29 @@ impl Service {
     }
 
     /// Runs an inference request on `model` (resolved with
-    /// [`Service::model`]): `decode` reads the request for it (a raw body
-    /// needs its signature) and returns the call and what the front end
-    /// keeps for the answer. A request refused in decoding counts as a
-    /// failure of the model.
+    /// [`Service::model_for_request`]; `named` is the version the request
+    /// named, if any): `decode` reads the request for it (a raw body needs
+    /// its signature) and returns the call and what the front end keeps
+    /// for the answer. A request refused in decoding counts as a failure
+    /// of the model. A sequence's request that names no version goes to
+    /// the version of the model's rollout that its sequence id picks, so
+    /// that one sequence meets one version.
     ///
     /// # Errors
     /// `decode`'s error, and [`Model::infer`]'s.
     pub async fn infer<T>(
         &self,
-        model: &Model,
+        model: Arc<Model>,
+        named: Option<u64>,
         trace: Option<Span>,
         decode: impl FnOnce(&Model) -> Result<(InferCall, T), Error>,
     ) -> Result<Inferred<T>, Error> {
         tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
-        let (mut call, request) = decode(model).map_err(|e| model.refused(e))?;
+        let (mut call, request) = decode(&model).map_err(|e| model.refused(e))?;
+        let model = match (&call.options.sequence, named) {
+            (Some(sequence), None) => self.lifecycle.route_sequence(model, &sequence.id.to_string()).await,
+            _ => model,
+        };
         if let (Some(span), Some(id)) = (&trace, &call.options.request_id) {
             span.set(KeyValue::new("request_id", id.clone()));
         }
@@ -419,7 +429,7 @@ impl Service {
             ))));
         }
         // A sequence's requests carry state: they are never shadowed.
-        let shadow = if call.options.sequence.is_none() { self.lifecycle.shadow_ticket(model) } else { None };
+        let shadow = if call.options.sequence.is_none() { self.lifecycle.shadow_ticket(&model) } else { None };
         let copy = shadow.as_ref().map(|_| (call.tensors.clone(), call.requested.clone()));
         if let (Some(_), Some(span)) = (&shadow, &call.options.trace) {
             span.set(KeyValue::new("plinth.rollout.shadowed", true));
@@ -427,7 +437,7 @@ impl Service {
         let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
         let started = Instant::now();
         let result = model.infer(call.tensors, &call.requested, call.options, &runner).await;
-        self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
+        self.lifecycle.observe(&model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
         match (shadow, copy, &result) {
             (Some(ticket), Some((inputs, requested)), Ok((outputs, _))) => {
                 self.lifecycle.shadow_infer(ticket, inputs, requested, outputs.clone());
@@ -436,7 +446,7 @@ impl Service {
             _ => {}
         }
         let (outputs, timing) = result?;
-        Ok(Inferred { outputs, timing, request })
+        Ok(Inferred { model, outputs, timing, request })
     }
 
     /// Sends a raw request through `model`'s plugin and model (`/predict`);

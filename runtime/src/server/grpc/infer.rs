@@ -80,11 +80,12 @@ async fn infer(
     headers: &TraceHeaders,
 ) -> Result<pb::ModelInferResponse, Status> {
     let header = |key: &str| headers.metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let m = service.model_for_request(&r.model_name, version(&r.model_version)?, &header).await?;
+    let named = version(&r.model_version)?;
+    let m = service.model_for_request(&r.model_name, named, &header).await?;
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = service
-        .infer(&m, trace, |_| {
+        .infer(m, named, trace, |m| {
             let reads = service.shared_memory.reads();
             let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &reads)?;
             let places = service::output_places(service, &decoded.head.outputs)?;
@@ -92,6 +93,7 @@ async fn infer(
             Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (places, sequence, reads.into_held())))
         })
         .await?;
+    let m = inferred.model;
     let (places, sequence, _inputs) = inferred.request;
     let outputs = inferred
         .outputs
