@@ -378,6 +378,12 @@ def test_one_sequence_meets_one_version(tmp_path):
                                     {"Content-Type": "application/json"})
                 assert status == 200, body
                 met.setdefault(sequence, set()).add(body["model_version"])
+        # Through the plugin: each /predict runs a sequence of its own on
+        # the version its request reached, windows included.
+        silence = (repo / "vad/warmup/silence.wav").read_bytes()
+        for _ in range(20):
+            status, body = call(server, "/v2/models/vad/predict", silence, {"Content-Type": "audio/wav"})
+            assert status == 200, body
     finally:
         server.stop()
     assert all(len(versions) == 1 for versions in met.values()), met

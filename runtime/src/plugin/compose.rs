@@ -120,11 +120,14 @@ impl Composition {
     ) -> Result<Vec<Tensor>, Error> {
         let context = self.context()?;
         let runner = context.runner.clone();
-        let sequence = match &context.sequence {
+        // The plugin's own model, in its sequence, runs the version the
+        // plugin belongs to, whatever a rollout would pick for a call that
+        // names none.
+        let (sequence, version) = match &context.sequence {
             Some((own, own_version, id)) if own == model && version.is_none_or(|v| v == *own_version) => {
-                Some(SequenceRequest { id: id.clone(), start: false, end: false, owner: None })
+                (Some(SequenceRequest { id: id.clone(), start: false, end: false, owner: None }), Some(*own_version))
             }
-            _ => None,
+            _ => (None, version),
         };
         let options = RequestOptions { sequence, trace: context.trace.clone(), ..RequestOptions::default() };
         self.block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
