@@ -245,6 +245,11 @@ fn bare_axum(answer: String) -> u16 {
     port
 }
 
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
@@ -276,21 +281,29 @@ fn ocr_cls(work: &Path, window: Duration) {
         ("Inference-Header-Content-Length", header.len().to_string()),
     ];
 
-    let floor = in_process(&mut session, 1, window);
-    let floor_us = floor.p50_ms * 1000.0;
-    let as_json = wrk(&url, &json, &[("Content-Type", "application/json".into())], 1, window);
+    // Three rounds of the floor, JSON and binary in turn, medians kept: on
+    // a shared 2-vCPU machine one 5-second window of the same request
+    // measured 1.1 or 1.8 ms, as its threads happened to land on cores.
+    let json_headers = [("Content-Type", "application/json".to_owned())];
+    let (mut floors, mut jsons, mut binaries) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        floors.push(in_process(&mut session, 1, window / 3).p50_ms * 1000.0);
+        jsons.push(wrk(&url, &json, &json_headers, 1, window / 3).p50_us);
+        binaries.push(wrk(&url, &binary, &binary_headers, 1, window / 3).p50_us);
+    }
+    let [floor_us, json_us, binary_us] = [floors, jsons, binaries].map(median);
+    let rounds = |values: &str| format!("p50 {values} ms, median of 3 rounds");
     row(
         "ocr_cls JSON request (27,648 FP32, 207 KB), c=1, p50 minus ONNX Runtime in-process",
-        format!("{:+.3} ms (p50 {:.3} ms)", (as_json.p50_us - floor_us) / 1000.0, as_json.p50_us / 1000.0),
-        format!("ONNX Runtime p50 {:.3} ms", floor.p50_ms),
+        format!("{:+.3} ms ({})", (json_us - floor_us) / 1000.0, rounds(&format!("{:.3}", json_us / 1000.0))),
+        format!("ONNX Runtime p50 {:.3} ms", floor_us / 1000.0),
         BEFORE.json_ms,
         "≤ +0.4 ms",
     );
-    let as_binary = wrk(&url, &binary, &binary_headers, 1, window);
     row(
         "same tensor as binary data, c=1",
-        format!("{:+.3} ms (p50 {:.3} ms)", (as_binary.p50_us - floor_us) / 1000.0, as_binary.p50_us / 1000.0),
-        format!("ONNX Runtime p50 {:.3} ms", floor.p50_ms),
+        format!("{:+.3} ms ({})", (binary_us - floor_us) / 1000.0, rounds(&format!("{:.3}", binary_us / 1000.0))),
+        format!("ONNX Runtime p50 {:.3} ms", floor_us / 1000.0),
         BEFORE.binary_ms,
         "≤ +0.1 ms",
     );
