@@ -337,7 +337,7 @@ impl Core {
         // the versions the policy selects (while its folder is there): a
         // new one rolls out from it.
         let answering = declared.and_then(|_| self.answering(name)).filter(|v| available.contains(v));
-        let mut keep: Vec<u64> = targets.iter().copied().chain(answering).collect();
+        let keep: Vec<u64> = targets.iter().copied().chain(answering).collect();
         // Versions taken out since (evicted, refused room) serve no more.
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         let mut changed: Vec<(u64, LoadKey)> = targets
@@ -353,12 +353,7 @@ impl Core {
             .collect();
         if changed.is_empty() {
             // A version folder removed since serves no more.
-            let before = record.loaded.len();
-            keep.extend(self.rollouts.candidate_in_progress(name).filter(|v| available.contains(v)));
-            self.registry.retire_versions(name, &keep);
-            record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
-            self.end_rollout_without_versions(name);
-            if record.loaded.len() == before {
+            if !self.retire_unkept(name, keep, &available, record) {
                 return Ok(());
             }
             return self.settle_config(name, &config, record).map_err(LoadError::Failed);
@@ -397,20 +392,27 @@ impl Core {
             }
         }
         let candidate = answering.and_then(|serving| new_ready.into_iter().filter(|v| *v != serving).max());
-        let started = match (declared, answering, candidate) {
-            (Some(plan), Some(serving), Some(candidate)) => self.roll_out_new_version(name, plan, candidate, serving),
-            _ => false,
-        };
-        if !started {
-            // A candidate in progress stays unless a new one replaced it
-            // (a newer version that failed to load replaces nothing).
-            keep.extend(self.rollouts.candidate_in_progress(name).filter(|v| available.contains(v)));
+        if let (Some(plan), Some(serving), Some(candidate)) = (declared, answering, candidate) {
+            self.roll_out_new_version(name, plan, candidate, serving);
         }
+        self.retire_unkept(name, keep, &available, record);
+        self.settle_config(name, &config, record).map_err(LoadError::Failed)?;
+        if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
+    }
+
+    /// Takes the versions of `name` out of service that are neither in
+    /// `keep` nor the candidate of its rollout in progress (while that
+    /// candidate's folder is among `available`), once one of them is READY,
+    /// and ends a rollout that lost a version. A new version that failed
+    /// to load so replaces no candidate; one whose rollout started is the
+    /// candidate. Whether a version went.
+    fn retire_unkept(&self, name: &str, mut keep: Vec<u64>, available: &[u64], record: &mut ModelRecord) -> bool {
+        keep.extend(self.rollouts.candidate_in_progress(name).filter(|v| available.contains(v)));
+        let before = record.loaded.len();
         self.registry.retire_versions(name, &keep);
         record.loaded.retain(|v, _| self.registry.is_ready(name, *v));
         self.end_rollout_without_versions(name);
-        self.settle_config(name, &config, record).map_err(LoadError::Failed)?;
-        if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
+        record.loaded.len() < before
     }
 
     /// [`Core::settle`] with the footprint of `record`'s versions, pinned

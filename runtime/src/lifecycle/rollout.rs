@@ -87,18 +87,16 @@ impl Core {
     }
 
     /// Rolls `candidate`, a version a load just made READY, out from
-    /// `serving`, as the model's declared `plan` says; whether it started.
-    /// A rollout that cannot start (the serving version went meanwhile)
-    /// leaves the new version to replace the old one as usual, with a
-    /// warning.
-    pub(super) fn roll_out_new_version(&self, name: &str, plan: &str, candidate: u64, serving: u64) -> bool {
+    /// `serving`, as the model's declared `plan` says. A rollout that
+    /// cannot start (the serving version went meanwhile) leaves the new
+    /// version to replace the old one as usual, with a warning.
+    pub(super) fn roll_out_new_version(&self, name: &str, plan: &str, candidate: u64, serving: u64) {
         let started = Plan::declared(plan, candidate, serving)
             .map_err(Error::InvalidArgument)
             .and_then(|plan| self.start_rollout(name, plan));
-        if let Err(e) = &started {
+        if let Err(e) = started {
             tracing::warn!(model = %name, version = candidate, "the rollout config.pbtxt declares did not start: {e}");
         }
-        started.is_ok()
     }
 }
 
