@@ -40,13 +40,14 @@ def free_ports(count):
     return ports
 
 
-def identity_repository(path):
-    """A repository with one identity model, `m`."""
+def identity_repository(path, dims=-1):
+    """A repository with one identity model, `m`: INT32 `INPUT0` of
+    `dims` (-1: any length) to `OUTPUT0`."""
     (path / "m" / "1").mkdir(parents=True)
     (path / "m" / "config.pbtxt").write_text(
         'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+        f'input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ {dims} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ {dims} ] }} ]\n')
     return path
 
 

@@ -15,7 +15,7 @@ import grpc
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 
-from conftest import HANG_GUARD_S, Plinth, wait_until
+from conftest import HANG_GUARD_S, Plinth, identity_repository, wait_until
 
 DRAIN_DELAY = "2"
 CLIENTS = 8
@@ -31,16 +31,6 @@ HTTP_BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [16], "datatype":
 # 503 given before the body is read must still reach a client that is
 # sending it.
 PADDED_BODY = HTTP_BODY + " " * (1 << 20)
-
-
-def identity_repository(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "m" / "1").mkdir(parents=True)
-    (repo / "m" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n')
-    return repo
 
 
 class Hammer:
@@ -109,7 +99,7 @@ def one_shutdown(server, once):
 
 
 def test_new_http_connections_through_sigterm_are_answered_or_refused(tmp_path):
-    repo = identity_repository(tmp_path)
+    repo = identity_repository(tmp_path / "repo", dims=16)
 
     def once(server, client):
         host, port = server.url.rsplit(":", 1)
@@ -137,7 +127,7 @@ def test_new_http_connections_through_sigterm_are_answered_or_refused(tmp_path):
 
 
 def test_new_grpc_connections_through_sigterm_are_answered_or_refused(tmp_path):
-    repo = identity_repository(tmp_path)
+    repo = identity_repository(tmp_path / "repo", dims=16)
     tensor = pb.ModelInferRequest.InferInputTensor(
         name="INPUT0", datatype="INT32", shape=[16], contents=pb.InferTensorContents(int_contents=VALUES))
     request = pb.ModelInferRequest(model_name="m", inputs=[tensor])
