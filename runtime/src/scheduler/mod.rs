@@ -524,6 +524,7 @@ fn model_error(model: &str, e: BackendError) -> Error {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
     use super::policy::{Policy, RequestOptions};
@@ -570,6 +571,15 @@ mod tests {
             let deadline = Instant::now() + HANG_GUARD;
             while pending.pending().get() != n {
                 assert!(Instant::now() < deadline, "{} queued, not {n}", pending.pending().get());
+                std::thread::yield_now();
+            }
+        }
+
+        /// Waits until no thread holds the instance.
+        fn wait_for_idle_instance(&self) {
+            let deadline = Instant::now() + HANG_GUARD;
+            while self.scheduler.shared.slots[0].running.try_lock().is_err() {
+                assert!(Instant::now() < deadline, "the instance stayed busy");
                 std::thread::yield_now();
             }
         }
@@ -683,12 +693,23 @@ mod tests {
     async fn a_fast_model_s_lone_request_runs_on_its_own_thread() {
         let f = fixture("");
         f.gate.open();
-        // The first run measures the model on its worker.
-        assert_eq!(f.submit(&[1.0]).await.unwrap().unwrap(), [2.0]);
+        // The measured mean is set, not measured: a shared machine can take
+        // longer than INLINE_INFER over the doubler's first run.
+        // The worker answers before it lets go of the instance, so each
+        // request waits for the instance to be idle.
+        let measured = |mean: Duration| {
+            f.scheduler.shared.infer_us.store(mean.as_micros() as u64, Ordering::Relaxed);
+            f.wait_for_idle_instance();
+        };
+        assert_eq!(f.submit(&[1.0]).await.unwrap().unwrap(), [2.0], "an unmeasured model runs on its worker");
+        measured(INLINE_INFER);
         assert_eq!(f.submit(&[2.0]).await.unwrap().unwrap(), [4.0]);
+        measured(INLINE_INFER + Duration::from_micros(1));
+        assert_eq!(f.submit(&[3.0]).await.unwrap().unwrap(), [6.0]);
         let threads = f.backend.threads.lock().unwrap().clone();
         assert_eq!(threads[0].as_deref(), Some("plinth-m-0"));
-        assert_ne!(threads[1].as_deref(), Some("plinth-m-0"), "the second ran inline");
+        assert_ne!(threads[1].as_deref(), Some("plinth-m-0"), "a model measured fast runs inline");
+        assert_eq!(threads[2].as_deref(), Some("plinth-m-0"), "a model measured slower runs on its worker");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
