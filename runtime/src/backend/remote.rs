@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use super::{Backend, BackendError, BackendKind, ModelIo};
 use crate::config::{self, ModelConfig, Signature};
 use crate::protocol::binary::{self, HEADER_LENGTH};
-use crate::protocol::json::InputTensor;
+use crate::protocol::json::{self, InputTensor, TensorList};
 use crate::tensor::{DataType, Tensor};
 
 /// The largest response read from a remote, in bytes.
@@ -204,6 +204,13 @@ struct TensorMetadata {
 #[derive(Deserialize)]
 struct Response {
     outputs: Vec<InputTensor>,
+}
+
+impl TensorList for Response {
+    const KEY: &'static str = "outputs";
+    fn tensors(&mut self) -> &mut [InputTensor] {
+        &mut self.outputs
+    }
 }
 
 impl RemoteModel {
@@ -429,7 +436,7 @@ fn decode(header_length: Option<usize>, body: &[u8], expected: &[ModelIo]) -> Re
         Some(n) => return Err(format!("{HEADER_LENGTH} {n} is past the end of the {}-byte body", body.len())),
         None => (body, &[][..]),
     };
-    let response: Response = serde_json::from_slice(header).map_err(|e| format!("not KServe v2 JSON: {e}"))?;
+    let response: Response = json::from_json(header).map_err(|e| format!("not KServe v2 JSON: {e}"))?;
     let mut tensors = Vec::with_capacity(response.outputs.len());
     for output in response.outputs {
         // The same reading as a request's inputs: binary data in order, or JSON.

@@ -67,7 +67,7 @@ pub fn decode(
 }
 
 fn json(bytes: &[u8]) -> Result<InferRequest, Error> {
-    serde_json::from_slice(bytes).map_err(|e| bad(format!("malformed inference request JSON: {e}")))
+    super::json::from_json(bytes).map_err(|e| bad(format!("malformed inference request JSON: {e}")))
 }
 
 /// Converts each input, taking the binary ones' bytes from `binary` in
@@ -100,7 +100,7 @@ fn tensors(
                     input.name
                 )));
             }
-            Some(_) if !input.data.is_null() => {
+            Some(_) if !input.data.is_absent() => {
                 return Err(bad(format!(
                     "input '{}' has both 'data' and 'binary_data_size'; give exactly one",
                     input.name
@@ -133,10 +133,11 @@ fn tensors(
 /// `binary_data_size` (Triton's text).
 fn one_source(input: &InputTensor) -> Result<(), Error> {
     let binary = input.parameters.contains("binary_data_size");
-    if input.data.is_null() && !binary {
+    if input.data.is_absent() && !binary {
         return Ok(());
     }
-    let set = [(!input.data.is_null(), " 'data'"), (binary, " 'binary_data_size'"), (true, " 'shared_memory_region'")];
+    let set =
+        [(!input.data.is_absent(), " 'data'"), (binary, " 'binary_data_size'"), (true, " 'shared_memory_region'")];
     let set: String = set.iter().filter(|(is, _)| *is).map(|(_, name)| *name).collect();
     Err(bad(format!(
         "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', \

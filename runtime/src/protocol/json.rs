@@ -5,9 +5,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::json_data::{DataSeed, InputData, read_value};
 use super::parameters::Parameters;
 use crate::error::Error;
-use crate::tensor::{DataType, Tensor, bytes_elements, element_count, push_bytes_element, request_datatype};
+use crate::tensor::{DataType, Tensor, bytes_elements, element_count, request_datatype};
 
 /// `POST /v2/models/{m}/infer` body.
 #[derive(Debug, Default, Deserialize)]
@@ -27,7 +28,7 @@ pub struct InferRequest {
 }
 
 /// One input tensor of an inference request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct InputTensor {
     /// The input's name.
     pub name: String,
@@ -37,11 +38,10 @@ pub struct InputTensor {
     pub datatype: String,
     /// Tensor parameters (`binary_data_size`, a shared memory place).
     /// `null` reads as none: the KServe Python server sends it that way.
-    #[serde(default)]
     pub parameters: Parameters,
-    /// Row-major elements, flat or nested as the shape.
-    #[serde(default)]
-    pub data: Value,
+    /// Row-major elements, flat or nested as the shape, as far as parsing
+    /// read them.
+    pub data: InputData,
 }
 
 /// An output the client asks for.
@@ -164,14 +164,12 @@ impl InputTensor {
                  maximum allowed size ({max})"
             )));
         }
-        let mut data = Vec::new();
-        let mut count = 0usize;
-        flatten(&self.data, &self.shape, &mut |v| {
-            encode_element(datatype, v, &mut data).map_err(|m| bad(format!("element {count}: {m}")))?;
-            count += 1;
-            Ok(())
-        })
-        .map_err(|m| bad(format!("data: {m}")))??;
+        let (data, count) = match self.data {
+            InputData::Read { bytes, elements } => (bytes, elements),
+            InputData::Parsed(value) => read_value(&value, datatype, &self.shape).map_err(bad)?,
+            InputData::Absent => read_value(&Value::Null, datatype, &self.shape).map_err(bad)?,
+            InputData::Unread => return Err(Error::Internal(format!("input '{name}': its data was not parsed again"))),
+        };
         if count != expected {
             return Err(bad(format!("shape {:?} needs {expected} elements, but data has {count}", self.shape)));
         }
@@ -179,83 +177,92 @@ impl InputTensor {
     }
 }
 
-/// Visits the scalars of `data` in row-major order. `data` is a flat array,
-/// or nested to follow `dims` from the outside in: an array of arrays must
-/// have `dims[0]` items, and an array of scalars holds the rest of the
-/// shape flat. Ragged or mixed nesting is an error (outer `Err`); the
-/// visitor's own errors come back in the inner `Result`.
-fn flatten(
-    data: &Value,
-    dims: &[i64],
-    visit: &mut impl FnMut(&Value) -> Result<(), Error>,
-) -> Result<Result<(), Error>, String> {
-    let Value::Array(items) = data else { return Ok(visit(data)) };
-    if !items.iter().any(Value::is_array) {
-        return Ok(items.iter().try_for_each(visit));
-    }
-    let Some((&outer, inner)) = dims.split_first() else {
-        return Err("nested deeper than the shape".into());
-    };
-    if !items.iter().all(Value::is_array) || items.len() as i64 != outer {
-        return Err(format!("a nested array must hold {outer} arrays, one per index of that dimension"));
-    }
-    for item in items {
-        let held = visit_count(item);
-        if held != element_count(inner).unwrap_or(usize::MAX) {
-            return Err(format!("a nested array holds {held} elements where the shape needs {inner:?}"));
-        }
-        if let Err(e) = flatten(item, inner, visit)? {
-            return Ok(Err(e));
-        }
-    }
-    Ok(Ok(()))
-}
-
-/// How many scalars a JSON value holds.
-fn visit_count(v: &Value) -> usize {
-    match v {
-        Value::Array(items) => items.iter().map(visit_count).sum(),
-        _ => 1,
+/// Reads an input tensor's fields in any order; `data` is read straight
+/// into bytes when `shape` and `datatype` came before it ([`DataSeed`]).
+/// Other fields are ignored, as in the rest of the message.
+impl<'de> Deserialize<'de> for InputTensor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<InputTensor, D::Error> {
+        d.deserialize_map(InputTensorVisitor)
     }
 }
 
-fn encode_element(dt: DataType, v: &Value, out: &mut Vec<u8>) -> Result<(), String> {
-    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value, dt: DataType) -> Result<T, String> {
-        let out_of_range = || format!("{v} is out of range for {dt}");
-        match (v.as_i64(), v.as_u64()) {
-            (_, Some(u)) => T::try_from(u).map_err(|_| out_of_range()),
-            (Some(i), None) => T::try_from(i).map_err(|_| out_of_range()),
-            _ => Err(format!("expected an integer for {dt}, got {v}")),
-        }
+struct InputTensorVisitor;
+
+impl<'de> serde::de::Visitor<'de> for InputTensorVisitor {
+    type Value = InputTensor;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an input tensor object")
     }
-    let float = || v.as_f64().ok_or_else(|| format!("expected a number for {dt}, got {v}"));
-    match dt {
-        DataType::Bool => {
-            out.push(u8::from(v.as_bool().ok_or_else(|| format!("expected true or false for BOOL, got {v}"))?))
-        }
-        DataType::Uint8 => out.extend(int::<u8>(v, dt)?.to_le_bytes()),
-        DataType::Uint16 => out.extend(int::<u16>(v, dt)?.to_le_bytes()),
-        DataType::Uint32 => out.extend(int::<u32>(v, dt)?.to_le_bytes()),
-        DataType::Uint64 => out.extend(int::<u64>(v, dt)?.to_le_bytes()),
-        DataType::Int8 => out.extend(int::<i8>(v, dt)?.to_le_bytes()),
-        DataType::Int16 => out.extend(int::<i16>(v, dt)?.to_le_bytes()),
-        DataType::Int32 => out.extend(int::<i32>(v, dt)?.to_le_bytes()),
-        DataType::Int64 => out.extend(int::<i64>(v, dt)?.to_le_bytes()),
-        DataType::Fp32 => {
-            let x = float()? as f32;
-            if x.is_infinite() {
-                return Err(format!("{v} is out of range for FP32"));
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<InputTensor, A::Error> {
+        use serde::de::Error as _;
+        fn once<T, E: serde::de::Error>(slot: &mut Option<T>, field: &'static str, value: T) -> Result<(), E> {
+            match slot.replace(value) {
+                Some(_) => Err(E::duplicate_field(field)),
+                None => Ok(()),
             }
-            out.extend(x.to_le_bytes())
         }
-        DataType::Fp64 => out.extend(float()?.to_le_bytes()),
-        DataType::Bytes => {
-            let s = v.as_str().ok_or_else(|| format!("expected a string for BYTES, got {v}"))?;
-            push_bytes_element(out, s.as_bytes());
+        let (mut name, mut shape, mut datatype, mut parameters, mut data) = (None, None, None, None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "name" => once(&mut name, "name", map.next_value::<String>()?)?,
+                "shape" => once(&mut shape, "shape", map.next_value::<Vec<i64>>()?)?,
+                "datatype" => once(&mut datatype, "datatype", map.next_value::<String>()?)?,
+                "parameters" => once(&mut parameters, "parameters", map.next_value::<Parameters>()?)?,
+                "data" => {
+                    let seed = DataSeed { datatype: datatype.as_deref(), shape: shape.as_deref() };
+                    let value = map.next_value_seed(seed)?;
+                    once(&mut data, "data", value)?
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
         }
-        DataType::Fp16 | DataType::Bf16 => unreachable!("refused before encoding"),
+        Ok(InputTensor {
+            name: name.ok_or_else(|| A::Error::missing_field("name"))?,
+            shape: shape.ok_or_else(|| A::Error::missing_field("shape"))?,
+            datatype: datatype.ok_or_else(|| A::Error::missing_field("datatype"))?,
+            parameters: parameters.unwrap_or_default(),
+            data: data.unwrap_or_default(),
+        })
     }
-    Ok(())
+}
+
+/// A message holding a list of tensors with JSON `data`: a request's
+/// `inputs`, or a response's `outputs` read by the remote backend.
+pub trait TensorList: serde::de::DeserializeOwned {
+    /// The list's key in the message.
+    const KEY: &'static str;
+    /// The tensors, in message order.
+    fn tensors(&mut self) -> &mut [InputTensor];
+}
+
+impl TensorList for InferRequest {
+    const KEY: &'static str = "inputs";
+    fn tensors(&mut self) -> &mut [InputTensor] {
+        &mut self.inputs
+    }
+}
+
+/// Parses a message whose tensors' `data` is read as it is parsed; a
+/// tensor whose direct reading stopped ([`InputData::Unread`]) has its
+/// `data` parsed again from `json` as a value, which words its error.
+///
+/// # Errors
+/// serde_json's, for text that is not the message.
+pub fn from_json<T: TensorList>(json: &[u8]) -> serde_json::Result<T> {
+    let mut message: T = serde_json::from_slice(json)?;
+    if message.tensors().iter().any(|t| matches!(t.data, InputData::Unread)) {
+        let mut parsed: Value = serde_json::from_slice(json)?;
+        for (i, tensor) in message.tensors().iter_mut().enumerate() {
+            if matches!(tensor.data, InputData::Unread) {
+                tensor.data = InputData::Parsed(parsed[T::KEY][i]["data"].take());
+            }
+        }
+    }
+    Ok(message)
 }
 
 impl OutputTensor {
@@ -333,14 +340,42 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The tensor of `{"name": "x", ...}` with `data` last, as clients
+    /// write it (read as parsed), after checking that the same tensor with
+    /// `data` first (read from a value) converts the same way.
     fn input(datatype: &str, shape: &[i64], data: Value) -> InputTensor {
-        InputTensor {
-            name: "x".into(),
-            shape: shape.to_vec(),
-            datatype: datatype.into(),
-            parameters: Parameters::default(),
-            data,
-        }
+        let parse = |fields: [String; 4]| {
+            let body = format!(r#"{{"inputs": [{{{}}}]}}"#, fields.join(", "));
+            from_json::<InferRequest>(body.as_bytes()).unwrap().inputs.pop().unwrap()
+        };
+        let [name, shape, datatype, data] = [
+            r#""name": "x""#.to_owned(),
+            format!(r#""shape": {}"#, json!(shape)),
+            format!(r#""datatype": {}"#, json!(datatype)),
+            format!(r#""data": {data}"#),
+        ];
+        let first = parse([data.clone(), name.clone(), shape.clone(), datatype.clone()]);
+        assert!(matches!(first.data, InputData::Parsed(_) | InputData::Absent), "{:?}", first.data);
+        let last = parse([name, shape, datatype, data]);
+        let converted = |t: &InputTensor| {
+            let copy = InputTensor {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                datatype: t.datatype.clone(),
+                parameters: Parameters::default(),
+                data: match &t.data {
+                    InputData::Read { bytes, elements } => {
+                        InputData::Read { bytes: bytes.clone(), elements: *elements }
+                    }
+                    InputData::Parsed(v) => InputData::Parsed(v.clone()),
+                    InputData::Absent => InputData::Absent,
+                    InputData::Unread => InputData::Unread,
+                },
+            };
+            copy.into_tensor().map_err(|e| e.to_string())
+        };
+        assert_eq!(converted(&first), converted(&last), "data first and last convert alike");
+        last
     }
 
     #[test]
@@ -404,6 +439,76 @@ mod tests {
         for ragged in [json!([[1, 2, 3], [4, 5, 6, 7, 8]]), json!([[1, 2], 3, 4, 5, 6, 7, 8]), json!([[[[1]]]])] {
             let err = input("INT8", &[2, 2, 2], ragged.clone()).into_tensor().unwrap_err().to_string();
             assert!(err.contains("input 'x': data:"), "{ragged}: {err}");
+        }
+    }
+
+    #[test]
+    fn data_after_its_datatype_and_shape_is_read_while_parsing_and_anything_odd_is_worded_by_the_value_reading() {
+        let read = input("FP32", &[2, 2], json!([[1, 2.5], [3, -4]]));
+        assert!(matches!(&read.data, InputData::Read { elements: 4, .. }), "{:?}", read.data);
+        // Each of these is compared with the value reading in `input`.
+        let cases = [
+            ("FP32", vec![1], json!(7)),
+            ("BYTES", vec![1], json!("one")),
+            ("BYTES", vec![2], json!(["a", 1])),
+            ("FP32", vec![2], json!(null)),
+            ("FP32", vec![2], json!([1, null])),
+            ("FP32", vec![2], json!([1, {"a": 1}])),
+            ("FP32", vec![2], json!({"a": [1, 2]})),
+            ("FP32", vec![0, 2], json!([])),
+            ("FP32", vec![2, 0], json!([[], []])),
+            ("FP32", vec![2, 2], json!([[1, 2], 3, 4])),
+            ("FP32", vec![2, 2], json!([1, 2, [3, 4]])),
+            ("FP32", vec![2, 2], json!([[1, 2], [3, 4], [5, 6]])),
+            ("FP32", vec![2, 2], json!([[1, 2, 3], [4]])),
+            ("FP32", vec![2, 2], json!([[[1, 2]], [[3, 4]]])),
+            ("FP32", vec![4], json!([[1, 2], [3, 4]])),
+            ("UINT8", vec![2, 2], json!([[1, 256], [3, 4, 5]])),
+            ("INT8", vec![2, 2], json!([[1, "2"], [3, 4]])),
+            ("BOOL", vec![3], json!([true, false, 1])),
+            ("FP16", vec![1], json!([1])),
+            ("FP32", vec![-1], json!([1])),
+            ("FP64", vec![2], json!([1e308, -0.0])),
+        ];
+        for (datatype, shape, data) in cases {
+            input(datatype, &shape, data);
+        }
+    }
+
+    #[test]
+    fn both_readings_agree_on_generated_data() {
+        // A fixed-seed generator of nested data, mostly well formed.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let datatypes = ["BOOL", "UINT8", "INT8", "INT32", "UINT64", "INT64", "FP32", "FP64", "BYTES"];
+        for _ in 0..600 {
+            let datatype = datatypes[next(datatypes.len() as u64) as usize];
+            let shape: Vec<i64> = (0..1 + next(3)).map(|_| next(3) as i64).collect();
+            let count = element_count(&shape).unwrap() + (next(8) == 0) as usize;
+            let mut element = || match next(12) {
+                0 => json!(true),
+                1 => json!(-(next(300) as i64)),
+                2 => json!("s"),
+                3 => json!(1e39),
+                4 => json!(null),
+                5 => json!(u64::MAX),
+                6..=8 => json!(next(300)),
+                _ => json!(next(1000) as f64 / 8.0),
+            };
+            let flat: Vec<Value> = (0..count).map(|_| element()).collect();
+            let data = match (next(3), shape.as_slice()) {
+                (0, [outer, ..]) if *outer > 0 => {
+                    let rows = flat.chunks(flat.len().div_ceil(*outer as usize).max(1));
+                    Value::Array(rows.map(|r| Value::Array(r.to_vec())).collect())
+                }
+                _ => Value::Array(flat),
+            };
+            input(datatype, &shape, data);
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod binary;
 pub mod grpc;
 pub mod json;
+pub mod json_data;
 pub mod parameters;
 pub mod repository;
 pub mod request;
