@@ -1,6 +1,6 @@
 //! The KServe v2 (Open Inference Protocol) wire formats: the JSON messages
-//! ([`json`]) and the binary tensor data extension ([`binary`]) over HTTP,
-//! the gRPC messages and their tensor codec ([`grpc`]), and the rules both
+//! ([`json`]) with their tensor data ([`json_data`]) and the binary tensor
+//! data extension ([`binary`]) over HTTP, the gRPC messages and their tensor codec ([`grpc`]), and the rules both
 //! front ends share, written once: request parameters ([`parameters`]),
 //! what an inference request asks for besides its inputs ([`request`]),
 //! repository load and unload requests ([`repository`]) and where a request
