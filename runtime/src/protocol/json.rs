@@ -188,6 +188,19 @@ impl<'de> Deserialize<'de> for InputTensor {
 
 struct InputTensorVisitor;
 
+/// An input tensor's keys.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum Field {
+    Name,
+    Shape,
+    Datatype,
+    Parameters,
+    Data,
+    #[serde(other)]
+    Other,
+}
+
 impl<'de> serde::de::Visitor<'de> for InputTensorVisitor {
     type Value = InputTensor;
 
@@ -204,18 +217,18 @@ impl<'de> serde::de::Visitor<'de> for InputTensorVisitor {
             }
         }
         let (mut name, mut shape, mut datatype, mut parameters, mut data) = (None, None, None, None, None);
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match &*key {
-                "name" => once(&mut name, "name", map.next_value::<String>()?)?,
-                "shape" => once(&mut shape, "shape", map.next_value::<Vec<i64>>()?)?,
-                "datatype" => once(&mut datatype, "datatype", map.next_value::<String>()?)?,
-                "parameters" => once(&mut parameters, "parameters", map.next_value::<Parameters>()?)?,
-                "data" => {
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Name => once(&mut name, "name", map.next_value::<String>()?)?,
+                Field::Shape => once(&mut shape, "shape", map.next_value::<Vec<i64>>()?)?,
+                Field::Datatype => once(&mut datatype, "datatype", map.next_value::<String>()?)?,
+                Field::Parameters => once(&mut parameters, "parameters", map.next_value::<Parameters>()?)?,
+                Field::Data => {
                     let seed = DataSeed { datatype: datatype.as_deref(), shape: shape.as_deref() };
                     let value = map.next_value_seed(seed)?;
                     once(&mut data, "data", value)?
                 }
-                _ => {
+                Field::Other => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
@@ -510,5 +523,17 @@ mod tests {
             };
             input(datatype, &shape, data);
         }
+    }
+
+    #[test]
+    fn an_input_s_keys_are_read_in_any_order_once_each_and_unknown_ones_are_skipped() {
+        let parse = |input: &str| from_json::<InferRequest>(format!(r#"{{"inputs": [{input}]}}"#).as_bytes());
+        let ok =
+            parse(r#"{"extra": {"a": [1]}, "data": [1, 2], "datatype": "INT8", "shape": [2], "name": "x"}"#).unwrap();
+        assert_eq!(ok.inputs[0].datatype, "INT8");
+        let err = parse(r#"{"name": "x", "shape": [1], "datatype": "INT8", "data": [1], "data": [2]}"#).unwrap_err();
+        assert!(err.to_string().contains("duplicate field `data`"), "{err}");
+        let err = parse(r#"{"name": "x", "shape": [1], "data": [1]}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field `datatype`"), "{err}");
     }
 }
