@@ -15,6 +15,7 @@ use crate::model::{Model, OutputRequest};
 use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
 use crate::rollout::{Plan, RolloutStatus, ShadowTicket, Transition, compare};
 use crate::scheduler::policy::RequestOptions;
+use crate::scheduler::sequence::SequenceRequest;
 use crate::tensor::Tensor;
 
 impl Core {
@@ -162,12 +163,19 @@ impl Lifecycle {
         }
     }
 
-    /// The version of `model`'s rollout that a request of the sequence
-    /// `key` reaches (one version for the whole sequence, its id the
-    /// sticky key); `model` itself when no rollout decides otherwise, or
-    /// the version picked is no longer READY.
-    pub async fn route_sequence(&self, model: Arc<Model>, key: &str) -> Arc<Model> {
-        match self.core.rollouts.route_by_key(&model.name, key) {
+    /// The version of `model`'s rollout that a request of `sequence`
+    /// reaches when it names no version (`named`): one version for the
+    /// whole sequence, its id the sticky key. `model` itself for a request
+    /// outside a sequence or naming a version, when no rollout decides
+    /// otherwise, or when the version picked is no longer READY.
+    pub async fn route_sequence(
+        &self,
+        model: Arc<Model>,
+        named: Option<u64>,
+        sequence: Option<&SequenceRequest>,
+    ) -> Arc<Model> {
+        let (Some(sequence), None) = (sequence, named) else { return model };
+        match self.core.rollouts.route_by_key(&model.name, &sequence.id.to_string()) {
             Some(v) if v != model.version => self.resolve(&model.name, Some(v)).await.unwrap_or(model),
             _ => model,
         }

@@ -29,12 +29,13 @@ impl ModelRunner for Lifecycle {
         options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
-            let callee = self.route(&model, version, &|_| None).await?;
-            // A sequence stays on one version: its id is the sticky key.
-            let callee = match (&options.sequence, version) {
-                (Some(sequence), None) => self.route_sequence(callee, &sequence.id.to_string()).await,
-                _ => callee,
+            // A sequence stays on one version, its id the sticky key; it
+            // takes no turn in the rollout's split by count.
+            let callee = match &options.sequence {
+                Some(_) => self.resolve(&model, version).await?,
+                None => self.route(&model, version, &|_| None).await?,
             };
+            let callee = self.route_sequence(callee, version, options.sequence.as_ref()).await;
             let started = Instant::now();
             let result = infer_on(&callee, inputs, &outputs, options, self.clone()).await;
             self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));

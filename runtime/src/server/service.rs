@@ -414,10 +414,7 @@ impl Service {
     ) -> Result<Inferred<T>, Error> {
         tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
         let (mut call, request) = decode(&model).map_err(|e| model.refused(e))?;
-        let model = match (&call.options.sequence, named) {
-            (Some(sequence), None) => self.lifecycle.route_sequence(model, &sequence.id.to_string()).await,
-            _ => model,
-        };
+        let model = self.lifecycle.route_sequence(model, named, call.options.sequence.as_ref()).await;
         if let (Some(span), Some(id)) = (&trace, &call.options.request_id) {
             span.set(KeyValue::new("request_id", id.clone()));
         }
