@@ -6,9 +6,9 @@
 //!
 //! Each plugin call carries a [`CallContext`]: the runner, and the chain of
 //! models whose plugin is running for the request, which stops cycles and
-//! runaway depth before anything runs. A plugin call runs on a blocking
-//! thread, so the runner's futures are driven there with the runtime's
-//! handle.
+//! runaway depth before anything runs. Plugin calls are asynchronous
+//! (wasmtime runs the guest on a fiber), so a composed call awaits the
+//! runner's future while the plugin's call is suspended.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -111,7 +111,7 @@ impl Composition {
     /// # Errors
     /// The callee's [`Error`], its class kept and its message prefixed with
     /// the model's name; [`Error::Internal`] outside a request's call.
-    pub(super) fn infer(
+    pub(super) async fn infer(
         &mut self,
         model: &str,
         version: Option<u64>,
@@ -130,7 +130,8 @@ impl Composition {
             _ => (None, version),
         };
         let options = RequestOptions { sequence, trace: context.trace.clone(), ..RequestOptions::default() };
-        self.block_on(runner.infer(model.to_owned(), version, inputs, outputs, options))
+        self.counted(runner.infer(model.to_owned(), version, inputs, outputs, options))
+            .await
             .map_err(|e| callee_error(model, e))
     }
 
@@ -141,7 +142,12 @@ impl Composition {
     /// # Errors
     /// As [`Composition::infer`]; [`Error::Internal`] for a cycle or a
     /// chain too deep, before anything runs.
-    pub(super) fn predict(&mut self, model: &str, version: Option<u64>, req: RawRequest) -> Result<RawResponse, Error> {
+    pub(super) async fn predict(
+        &mut self,
+        model: &str,
+        version: Option<u64>,
+        req: RawRequest,
+    ) -> Result<RawResponse, Error> {
         let context = self.context()?;
         let chain = &context.chain;
         if chain.iter().any(|m| m == model) {
@@ -157,7 +163,9 @@ impl Composition {
             )));
         }
         let (runner, chain, trace) = (context.runner.clone(), chain.clone(), context.trace.clone());
-        self.block_on(runner.predict(model.to_owned(), version, req, chain, trace)).map_err(|e| callee_error(model, e))
+        self.counted(runner.predict(model.to_owned(), version, req, chain, trace))
+            .await
+            .map_err(|e| callee_error(model, e))
     }
 
     fn context(&self) -> Result<&CallContext, Error> {
@@ -166,20 +174,12 @@ impl Composition {
         })
     }
 
-    /// Drives `future` to completion from the plugin's blocking thread and
-    /// counts the time in [`Composition::host_time`].
-    fn block_on<T>(&mut self, future: BoxFuture<Result<T, Error>>) -> Result<T, Error> {
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::Internal("composed calls need the server's runtime".to_owned()))?;
+    /// Awaits a composed call's `future` and counts its time in
+    /// [`Composition::host_time`].
+    async fn counted<T>(&mut self, future: BoxFuture<Result<T, Error>>) -> Result<T, Error> {
         let started = Instant::now();
         self.composed = true;
-        // On an async runtime thread (a call that ran inline), the thread
-        // hands its other tasks over while it waits; on a blocking thread
-        // this only runs the closure.
-        let result = match handle.runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| handle.block_on(future)),
-            _ => handle.block_on(future),
-        };
+        let result = future.await;
         self.host_time += started.elapsed();
         result
     }

@@ -22,11 +22,21 @@ use crate::tensor::Tensor;
 /// Bindings generated from each frozen contract.
 mod bindings {
     pub mod v0_3 {
-        wasmtime::component::bindgen!({ path: "../wit/v0.3", world: "plugin" });
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.3",
+            world: "plugin",
+            imports: { default: async },
+            exports: { default: async },
+        });
         super::wit_conversions!();
     }
     pub mod v0_2 {
-        wasmtime::component::bindgen!({ path: "../wit/v0.2", world: "plugin" });
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.2",
+            world: "plugin",
+            imports: { default: async },
+            exports: { default: async },
+        });
         super::wit_conversions!();
     }
     pub mod v0_1 {
@@ -34,6 +44,8 @@ mod bindings {
         wasmtime::component::bindgen!({
             path: "../wit/v0.1",
             world: "plugin",
+            imports: { default: async },
+            exports: { default: async },
             with: { "plinth:plugin/types@0.1.0": super::v0_2::plinth::plugin::types },
         });
     }
@@ -99,7 +111,7 @@ impl v0_3::plinth::plugin::types::Host for InstanceState {}
 impl v0_2::plinth::plugin::types::Host for InstanceState {}
 
 impl v0_3::plinth::plugin::inference::Host for InstanceState {
-    fn infer(
+    async fn infer(
         &mut self,
         model: String,
         version: Option<u64>,
@@ -107,24 +119,24 @@ impl v0_3::plinth::plugin::inference::Host for InstanceState {
         outputs: Vec<String>,
     ) -> Result<Vec<v0_3::plinth::plugin::types::Tensor>, v0_3::plinth::plugin::types::Error> {
         let inputs = v0_3::convert::tensors_from_wit(inputs);
-        let outputs = self.composition.infer(&model, version, inputs, outputs).map_err(error_to_v0_3)?;
+        let outputs = self.composition.infer(&model, version, inputs, outputs).await.map_err(error_to_v0_3)?;
         Ok(v0_3::convert::tensors_to_wit(outputs))
     }
 
-    fn predict(
+    async fn predict(
         &mut self,
         model: String,
         version: Option<u64>,
         req: v0_3::plinth::plugin::types::Request,
     ) -> Result<v0_3::plinth::plugin::types::Response, v0_3::plinth::plugin::types::Error> {
         let req = v0_3::convert::request_from_wit(req);
-        let response = self.composition.predict(&model, version, req).map_err(error_to_v0_3)?;
+        let response = self.composition.predict(&model, version, req).await.map_err(error_to_v0_3)?;
         Ok(v0_3::convert::response_to_wit(response))
     }
 }
 
 impl v0_2::plinth::plugin::inference::Host for InstanceState {
-    fn infer(
+    async fn infer(
         &mut self,
         model: String,
         version: Option<u64>,
@@ -132,18 +144,18 @@ impl v0_2::plinth::plugin::inference::Host for InstanceState {
         outputs: Vec<String>,
     ) -> Result<Vec<v0_2::plinth::plugin::types::Tensor>, v0_2::plinth::plugin::types::Error> {
         let inputs = v0_2::convert::tensors_from_wit(inputs);
-        let outputs = self.composition.infer(&model, version, inputs, outputs).map_err(error_to_v0_2)?;
+        let outputs = self.composition.infer(&model, version, inputs, outputs).await.map_err(error_to_v0_2)?;
         Ok(v0_2::convert::tensors_to_wit(outputs))
     }
 
-    fn predict(
+    async fn predict(
         &mut self,
         model: String,
         version: Option<u64>,
         req: v0_2::plinth::plugin::types::Request,
     ) -> Result<v0_2::plinth::plugin::types::Response, v0_2::plinth::plugin::types::Error> {
         let req = v0_2::convert::request_from_wit(req);
-        let response = self.composition.predict(&model, version, req).map_err(error_to_v0_2)?;
+        let response = self.composition.predict(&model, version, req).await.map_err(error_to_v0_2)?;
         Ok(v0_2::convert::response_to_wit(response))
     }
 }
@@ -195,13 +207,13 @@ fn error_from_v0_2(e: v0_2::plinth::plugin::types::Error) -> Error {
 }
 
 /// A component's bindings, ready to instantiate, for its contract version.
-pub(super) enum Pre<T: 'static> {
+pub(super) enum Pre<T: Send + 'static> {
     V0_1(bindings::v0_1::PluginPre<T>),
     V0_2(v0_2::PluginPre<T>),
     V0_3(v0_3::PluginPre<T>),
 }
 
-impl<T: 'static> Pre<T> {
+impl<T: Send + 'static> Pre<T> {
     /// The bindings of `version` over `instance_pre`.
     ///
     /// # Errors
@@ -219,11 +231,11 @@ impl<T: 'static> Pre<T> {
     ///
     /// # Errors
     /// wasmtime's message or trap.
-    pub(super) fn instantiate(&self, store: &mut Store<T>) -> wasmtime::Result<Exports> {
+    pub(super) async fn instantiate(&self, store: &mut Store<T>) -> wasmtime::Result<Exports> {
         Ok(match self {
-            Pre::V0_1(pre) => Exports::V0_1(pre.instantiate(store)?),
-            Pre::V0_2(pre) => Exports::V0_2(pre.instantiate(store)?),
-            Pre::V0_3(pre) => Exports::V0_3(pre.instantiate(store)?),
+            Pre::V0_1(pre) => Exports::V0_1(pre.instantiate_async(store).await?),
+            Pre::V0_2(pre) => Exports::V0_2(pre.instantiate_async(store).await?),
+            Pre::V0_3(pre) => Exports::V0_3(pre.instantiate_async(store).await?),
         })
     }
 }
@@ -267,26 +279,30 @@ macro_rules! dispatch {
 
 impl Exports {
     /// `init` with the model's description.
-    pub(super) fn init<T>(&self, store: &mut Store<T>, info: &ModelInfo) -> wasmtime::Result<Result<(), Error>> {
+    pub(super) async fn init<T: Send>(
+        &self,
+        store: &mut Store<T>,
+        info: &ModelInfo,
+    ) -> wasmtime::Result<Result<(), Error>> {
         dispatch!(self, |handler, convert, error| {
-            Ok(handler.call_init(store, &convert::model_info(info))?.map_err(error))
+            Ok(handler.call_init(store, &convert::model_info(info)).await?.map_err(error))
         })
     }
 
     /// `preprocess`: a raw request to input tensors.
-    pub(super) fn preprocess<T>(
+    pub(super) async fn preprocess<T: Send>(
         &self,
         store: &mut Store<T>,
         req: &RawRequest,
     ) -> wasmtime::Result<Result<Vec<Tensor>, Error>> {
         dispatch!(self, |handler, convert, error| {
-            let tensors = handler.call_preprocess(store, &convert::request(req))?;
+            let tensors = handler.call_preprocess(store, &convert::request(req)).await?;
             Ok(tensors.map(convert::tensors_from_wit).map_err(error))
         })
     }
 
     /// `postprocess`: output tensors to the answer for `req`.
-    pub(super) fn postprocess<T>(
+    pub(super) async fn postprocess<T: Send>(
         &self,
         store: &mut Store<T>,
         req: &RawRequest,
@@ -294,7 +310,7 @@ impl Exports {
     ) -> wasmtime::Result<Result<RawResponse, Error>> {
         dispatch!(self, |handler, convert, error| {
             let outputs = convert::tensors_to_wit(outputs);
-            let response = handler.call_postprocess(store, &convert::request(req), &outputs)?;
+            let response = handler.call_postprocess(store, &convert::request(req), &outputs).await?;
             Ok(response.map(convert::response_from_wit).map_err(error))
         })
     }

@@ -13,6 +13,11 @@
 //! environment, no other files. Every call has a deadline (epoch
 //! interruption) and every instance a memory limit; an instance that traps is
 //! dropped and the next call gets a fresh one.
+//!
+//! Calls are asynchronous: wasmtime runs the guest on a fiber stack, WASI
+//! and composed calls are awaited, and the guest yields to the runtime at
+//! every epoch tick. A short call is therefore awaited on the request's own
+//! thread with no hand-off, and a long one runs on a blocking thread.
 
 mod cache;
 pub mod compose;
@@ -217,7 +222,7 @@ impl PluginHost {
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool()));
         let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| format!("cannot link WASI: {e}"))?;
         contract::add_to_linker(&mut linker).map_err(|e| format!("cannot link plinth:plugin/inference: {e}"))?;
         let ticker = engine.clone();
         std::thread::Builder::new()
@@ -282,7 +287,7 @@ impl PluginHost {
             idle: Mutex::new(Vec::new()),
             permits: self.permits.clone(),
         };
-        let first = plugin.start_instance().map_err(|e| match e {
+        let first = wait(plugin.start_instance()).map_err(|e| match e {
             PluginError::Refused(e) => e.to_string(),
             PluginError::Failed(m) => m,
         })?;
@@ -368,8 +373,22 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
         .max_memories_per_component(16)
         .max_tables_per_component(64)
         .table_elements(1 << 16)
-        .max_memory_size(MAX_MEMORY_BYTES);
+        .max_memory_size(MAX_MEMORY_BYTES)
+        // A call runs on a fiber stack of its own (an asynchronous call).
+        .total_stacks(POOL_INSTANCES);
     pool
+}
+
+/// Drives `future` to completion from synchronous code (a model's load, on
+/// a blocking thread, or `plinth check`, outside the server's runtime): on
+/// an async worker thread the runtime first moves its other tasks away.
+fn wait<F: std::future::Future>(future: F) -> F::Output {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(future))
+        }
+        _ => wasmtime_wasi::runtime::in_tokio(future),
+    }
 }
 
 /// The versions this host runs, for messages: "0.1.0, 0.2.0, 0.3.0".
@@ -383,6 +402,8 @@ struct InstanceState {
     table: ResourceTable,
     limits: CountingLimits,
     composition: Composition,
+    /// Epoch ticks the running call may still use before its time limit.
+    ticks_left: u64,
 }
 
 impl WasiView for InstanceState {
@@ -442,8 +463,9 @@ impl Plugin {
         req: Arc<RawRequest>,
         context: CallContext,
     ) -> Result<Vec<Tensor>, PluginError> {
-        self.call_blocking(PluginStage::Preprocess, context, move |this, context| {
-            this.call(PluginStage::Preprocess, context, |inst| inst.exports.preprocess(&mut inst.store, &req))
+        self.call(PluginStage::Preprocess, context, move |mut inst| async move {
+            let result = inst.exports.preprocess(&mut inst.store, &req).await;
+            (inst, result)
         })
         .await
     }
@@ -459,32 +481,36 @@ impl Plugin {
         outputs: Vec<Tensor>,
         context: CallContext,
     ) -> Result<RawResponse, PluginError> {
-        self.call_blocking(PluginStage::Postprocess, context, move |this, context| {
-            this.call(PluginStage::Postprocess, context, |inst| {
-                inst.exports.postprocess(&mut inst.store, &req, outputs)
-            })
+        self.call(PluginStage::Postprocess, context, move |mut inst| async move {
+            let result = inst.exports.postprocess(&mut inst.store, &req, outputs).await;
+            (inst, result)
         })
         .await
     }
 
-    /// Runs `f` on a blocking thread, so a plugin never stalls the async
-    /// executor, and counts the call (its wait for a permit included) in the
-    /// plugin metrics. Requests' outermost plugin calls run at most
-    /// `concurrency` at a time; a nested call (made by another plugin
-    /// through composition, whose caller holds a permit and waits) takes
-    /// none, so compositions cannot deadlock on permits.
+    /// Runs `call` on a warm instance and counts it (its wait for a permit
+    /// included) in the plugin metrics. Requests' outermost plugin calls
+    /// run at most `concurrency` at a time; a nested call (made by another
+    /// plugin through composition, whose caller holds a permit and waits)
+    /// takes none, so compositions cannot deadlock on permits.
     ///
+    /// wasmtime runs the guest on a fiber of its own, so a call is a future.
     /// A stage whose calls take [`INLINE_CALL`] or less on average, in a
-    /// plugin that has never run another model, runs on the calling thread
-    /// instead (inside `block_in_place`, so the runtime moves its other
-    /// tasks away if the call is slow after all): the hand-off to a
-    /// blocking thread and back would cost more than the call.
-    async fn call_blocking<T: Send + 'static>(
+    /// plugin that has never run another model, is awaited where it was
+    /// asked for, on the async runtime's thread: handing it to another
+    /// thread and back would cost more than the call. Any other call runs
+    /// on a blocking thread, so that a long one never stalls the runtime.
+    async fn call<T, F, Fut>(
         self: &Arc<Self>,
         stage: PluginStage,
         context: CallContext,
-        f: impl FnOnce(&Plugin, CallContext) -> Result<T, PluginError> + Send + 'static,
-    ) -> Result<T, PluginError> {
+        call: F,
+    ) -> Result<T, PluginError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Instance) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = (Instance, wasmtime::Result<Result<T, Error>>)> + Send,
+    {
         let started = Instant::now();
         let result = async {
             let closed = |_| self.failed("the plugin host is shutting down");
@@ -494,16 +520,11 @@ impl Plugin {
             };
             let nested = context.chain.len() > 1;
             let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
-            // On the calling thread, told to the runtime: WASI's sync
-            // bindings wait on futures (a write to stderr, a file read), which
-            // an async worker may only do inside `block_in_place`.
-            let multi_thread =
-                tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-            if multi_thread && self.timing.runs_inline(stage) {
-                return tokio::task::block_in_place(|| f(self, context));
+            if self.timing.runs_inline(stage) {
+                return self.run(stage, context, call).await;
             }
-            let this = self.clone();
-            tokio::task::spawn_blocking(move || f(&this, context))
+            let (this, runtime) = (self.clone(), tokio::runtime::Handle::current());
+            tokio::task::spawn_blocking(move || runtime.block_on(this.run(stage, context, call)))
                 .await
                 .map_err(|e| self.failed(&format!("its call panicked in the host: {e}")))?
         }
@@ -512,38 +533,28 @@ impl Plugin {
         result
     }
 
-    /// Calls one export on a warm instance with `context` for its composed
-    /// calls. The instance goes back to the pool unless it trapped.
-    fn call<T>(
-        &self,
-        stage: PluginStage,
-        context: CallContext,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, Error>>,
-    ) -> Result<T, PluginError> {
+    /// Runs `call` on an instance taken from the pool (or a new one) with
+    /// `context` for its composed calls, and remembers how long it took.
+    /// The instance goes back to the pool unless it trapped.
+    async fn run<T, F, Fut>(&self, stage: PluginStage, context: CallContext, call: F) -> Result<T, PluginError>
+    where
+        F: FnOnce(Instance) -> Fut,
+        Fut: std::future::Future<Output = (Instance, wasmtime::Result<Result<T, Error>>)>,
+    {
         let export = stage.label();
         let started = Instant::now();
-        let result = self.call_instance(export, context, f);
-        self.timing.remember(stage, started.elapsed());
-        result
-    }
-
-    /// [`Plugin::call`] on an instance taken from the pool.
-    fn call_instance<T>(
-        &self,
-        export: &str,
-        context: CallContext,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<Result<T, Error>>,
-    ) -> Result<T, PluginError> {
         let taken = self.idle.lock().expect("idle pool").pop();
         let mut inst = match taken {
             Some(inst) => inst,
-            None => self.start_instance()?,
+            None => self.start_instance().await?,
         };
         let composition = &mut inst.store.data_mut().composition;
         (composition.context, composition.host_time) = (Some(context), Duration::ZERO);
         let stderr_before = inst.stderr.contents().len();
-        inst.store.set_epoch_deadline(self.deadline_ticks());
-        match f(&mut inst) {
+        self.start_clock(&mut inst.store);
+        let (mut inst, result) = call(inst).await;
+        self.timing.remember(stage, started.elapsed());
+        match result {
             Ok(result) => {
                 // An idle instance holds no runner: nothing it owns keeps the
                 // server's models alive.
@@ -566,7 +577,7 @@ impl Plugin {
     }
 
     /// Instantiates the component in a fresh store and calls `init`.
-    fn start_instance(&self) -> Result<Instance, PluginError> {
+    async fn start_instance(&self) -> Result<Instance, PluginError> {
         self.metrics.started();
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtx::builder();
@@ -581,30 +592,41 @@ impl Plugin {
             table: ResourceTable::new(),
             limits,
             composition: Composition::default(),
+            ticks_left: 0,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.deadline_ticks());
-        // At the deadline, time spent in composed calls (other models'
-        // work) is given back; only the plugin's own time counts.
+        self.start_clock(&mut store);
+        // Every tick the guest runs, it yields to the async runtime (a call
+        // awaited on a runtime thread lets that thread's other tasks run)
+        // and uses up one tick of its time limit. Time spent in composed
+        // calls (other models' work) is given back: only the plugin's own
+        // time counts.
         store.epoch_deadline_callback(|mut ctx| {
-            let owed = std::mem::take(&mut ctx.data_mut().composition.host_time);
-            match (owed.as_micros() / EPOCH_TICK.as_micros()) as u64 {
-                0 => Ok(wasmtime::UpdateDeadline::Interrupt),
-                ticks => Ok(wasmtime::UpdateDeadline::Continue(ticks)),
+            let state = ctx.data_mut();
+            let owed = std::mem::take(&mut state.composition.host_time);
+            state.ticks_left += (owed.as_micros() / EPOCH_TICK.as_micros()) as u64;
+            if state.ticks_left == 0 {
+                return Ok(wasmtime::UpdateDeadline::Interrupt);
             }
+            state.ticks_left -= 1;
+            Ok(wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
         });
-        let exports = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
+        let exports =
+            self.pre.instantiate(&mut store).await.map_err(|e| self.trapped("instantiation", &e, &stderr, 0))?;
         let mut inst = Instance { store, exports, stderr };
-        match inst.exports.init(&mut inst.store, &self.info) {
+        match inst.exports.init(&mut inst.store, &self.info).await {
             Ok(Ok(())) => Ok(inst),
             Ok(Err(e)) => Err(self.failed(&format!("init failed: {e}"))),
             Err(trap) => Err(self.trapped("init", &trap, &inst.stderr, 0)),
         }
     }
 
-    fn deadline_ticks(&self) -> u64 {
-        (self.limits.call_timeout.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64
+    /// Starts a call's time limit: the deadline callback runs at the next
+    /// tick, and at each one after it.
+    fn start_clock(&self, store: &mut Store<InstanceState>) {
+        store.data_mut().ticks_left = (self.limits.call_timeout.as_micros() / EPOCH_TICK.as_micros()) as u64;
+        store.set_epoch_deadline(1);
     }
 
     fn failed(&self, what: &str) -> PluginError {

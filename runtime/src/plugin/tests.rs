@@ -247,3 +247,39 @@ async fn a_callee_s_refusal_passed_on_keeps_its_class() {
     );
     assert!(!f.metrics.render().contains("plinth_plugin_failures_total{"), "a passed-on refusal is not a failure");
 }
+
+/// A call awaited on the runtime's thread that turns out slow yields at
+/// every epoch tick: on a runtime of one thread, another task runs while
+/// the plugin loops until its time limit.
+#[test]
+fn a_slow_call_on_the_runtime_s_thread_lets_other_tasks_run() {
+    let limits = PluginLimits { call_timeout: Duration::from_millis(300), ..PluginLimits::default() };
+    let f = load(limits);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        f.preprocess("ok").await.unwrap();
+        f.preprocess("ok").await.unwrap();
+        assert!(f.plugin.timing.runs_inline(crate::metrics::PluginStage::Preprocess), "a fast stage runs inline");
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let other = tokio::spawn({
+            let ran = ran.clone();
+            async move {
+                loop {
+                    ran.lock().unwrap().push(std::time::Instant::now());
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let error = failed(f.preprocess("loop").await);
+        let ended = std::time::Instant::now();
+        other.abort();
+        assert!(error.contains("exceeded its time limit of 300 ms"), "{error}");
+        let ran = ran.lock().unwrap();
+        assert!(
+            ran.iter().any(|t| *t > started && *t < ended),
+            "the other task ran while the plugin looped ({} runs, none during the call)",
+            ran.len()
+        );
+    });
+}

@@ -8,12 +8,14 @@ use crate::metrics::PluginStage;
 
 /// The longest a stage's calls may take, on average, to run on the calling
 /// (async runtime) thread: the hand-off to a blocking thread and back costs
-/// tens of microseconds.
+/// tens of microseconds, and a longer call would hold up the thread's other
+/// requests.
 pub const INLINE_CALL: Duration = Duration::from_micros(100);
 
 /// Each stage's recent mean call time, and whether the plugin ever ran
-/// another model (a composed call must not run on an async thread: it waits
-/// for the other model there).
+/// another model (such a call's time is mostly the other model's, which
+/// says nothing of how long the plugin itself holds a thread, so it never
+/// runs on an async thread).
 #[derive(Default)]
 pub(super) struct CallTiming {
     /// Exponential moving averages (weight 1/8), in microseconds; 0 before
