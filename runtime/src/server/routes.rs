@@ -174,9 +174,8 @@ pub async fn predict(
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
     let (response, timing) = service.predict(&m, request, trace.map(|Extension(span)| span)).await?;
-    let mut entries = vec![("preprocess", timing.preprocess)];
-    entries.extend(timing_entries(&timing.inference));
-    entries.push(("postprocess", timing.postprocess));
+    let [queue, input, infer, output] = timing_entries(&timing.inference);
+    let entries = [("preprocess", timing.preprocess), queue, input, infer, output, ("postprocess", timing.postprocess)];
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -206,8 +205,8 @@ fn refuse_json_only_binary_outputs(m: &Model, head: &RequestHead, places: &Outpu
     Ok(())
 }
 
-fn timing_entries(t: &Timing) -> Vec<(&'static str, Duration)> {
-    vec![
+fn timing_entries(t: &Timing) -> [(&'static str, Duration); 4] {
+    [
         ("queue", t.queue),
         ("compute_input", t.compute.input),
         ("compute_infer", t.compute.infer),
@@ -216,11 +215,16 @@ fn timing_entries(t: &Timing) -> Vec<(&'static str, Duration)> {
 }
 
 /// A `Server-Timing` header (W3C Server Timing): one metric per stage, its
-/// `dur` in milliseconds with microsecond precision.
+/// `dur` in milliseconds with microsecond precision. Written into one
+/// buffer: the header is on every inference answer.
 fn server_timing(entries: &[(&str, Duration)]) -> HeaderValue {
-    let text: Vec<String> =
-        entries.iter().map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)).collect();
-    HeaderValue::from_str(&text.join(", ")).expect("stage names and numbers are valid header text")
+    use std::fmt::Write;
+    let mut text = String::with_capacity(entries.len() * 24);
+    for (i, (name, d)) in entries.iter().enumerate() {
+        let separator = if i == 0 { "" } else { ", " };
+        write!(text, "{separator}{name};dur={:.3}", d.as_secs_f64() * 1000.0).expect("writing to a String");
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(text)).expect("stage names and numbers are valid header text")
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/config`: the model configuration as
