@@ -246,7 +246,9 @@ impl PluginHost {
     /// Loads the plugin at `wasm` for a model version whose folder is
     /// `model_dir`, and starts one instance (calling its `init`) so that a
     /// broken plugin fails the load rather than the first request. Its calls
-    /// run within `limits` and are counted in `metrics`.
+    /// run within `limits` and are counted in `metrics`. It waits for the
+    /// instance's start: call it from a blocking thread or outside any
+    /// runtime, never from a current-thread runtime's own thread.
     ///
     /// # Errors
     /// A message naming the plugin when it cannot be read or compiled,
@@ -402,8 +404,9 @@ struct InstanceState {
     table: ResourceTable,
     limits: CountingLimits,
     composition: Composition,
-    /// Epoch ticks the running call may still use before its time limit.
-    ticks_left: u64,
+    /// When the running call reaches its time limit; pushed back by the
+    /// time its composed calls take.
+    deadline: Instant,
 }
 
 impl WasiView for InstanceState {
@@ -500,6 +503,9 @@ impl Plugin {
     /// asked for, on the async runtime's thread: handing it to another
     /// thread and back would cost more than the call. Any other call runs
     /// on a blocking thread, so that a long one never stalls the runtime.
+    /// A request dropped while its inline call is suspended (at a tick, in
+    /// WASI or a composed call) drops the instance with it, uncounted; the
+    /// pool starts another when one is needed.
     async fn call<T, F, Fut>(
         self: &Arc<Self>,
         stage: PluginStage,
@@ -592,24 +598,22 @@ impl Plugin {
             table: ResourceTable::new(),
             limits,
             composition: Composition::default(),
-            ticks_left: 0,
+            deadline: Instant::now(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         self.start_clock(&mut store);
-        // Every tick the guest runs, it yields to the async runtime (a call
-        // awaited on a runtime thread lets that thread's other tasks run)
-        // and uses up one tick of its time limit. Time spent in composed
-        // calls (other models' work) is given back: only the plugin's own
-        // time counts.
+        // At every tick the guest runs, it yields to the async runtime (a
+        // call awaited on a runtime thread lets that thread's other tasks
+        // run), and is stopped once past its deadline: wall-clock time from
+        // the call's start, less the time spent in composed calls (other
+        // models' work).
         store.epoch_deadline_callback(|mut ctx| {
             let state = ctx.data_mut();
-            let owed = std::mem::take(&mut state.composition.host_time);
-            state.ticks_left += (owed.as_micros() / EPOCH_TICK.as_micros()) as u64;
-            if state.ticks_left == 0 {
+            state.deadline += std::mem::take(&mut state.composition.host_time);
+            if Instant::now() >= state.deadline {
                 return Ok(wasmtime::UpdateDeadline::Interrupt);
             }
-            state.ticks_left -= 1;
             Ok(wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
         });
         let exports =
@@ -623,9 +627,9 @@ impl Plugin {
     }
 
     /// Starts a call's time limit: the deadline callback runs at the next
-    /// tick, and at each one after it.
+    /// epoch tick, and at each one after it.
     fn start_clock(&self, store: &mut Store<InstanceState>) {
-        store.data_mut().ticks_left = (self.limits.call_timeout.as_micros() / EPOCH_TICK.as_micros()) as u64;
+        store.data_mut().deadline = Instant::now() + self.limits.call_timeout;
         store.set_epoch_deadline(1);
     }
 
