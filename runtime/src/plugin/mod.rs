@@ -381,9 +381,10 @@ fn pool() -> wasmtime::PoolingAllocationConfig {
     pool
 }
 
-/// Drives `future` to completion from synchronous code (a model's load, on
-/// a blocking thread, or `plinth check`, outside the server's runtime): on
-/// an async worker thread the runtime first moves its other tasks away.
+/// Drives `future` to completion from synchronous code: a model's load, on
+/// one of the runtime's blocking threads, or a test or benchmark outside
+/// any runtime (wasmtime-wasi's own runtime then drives it). On an async
+/// worker thread the runtime first moves its other tasks away.
 fn wait<F: std::future::Future>(future: F) -> F::Output {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
