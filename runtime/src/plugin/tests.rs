@@ -258,7 +258,11 @@ fn a_slow_call_on_the_runtime_s_thread_lets_other_tasks_run() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         f.preprocess("ok").await.unwrap();
-        f.preprocess("ok").await.unwrap();
+        // A fast stage's mean, set rather than measured: a loaded machine
+        // may take longer than the inline bound on the first calls.
+        for _ in 0..64 {
+            f.plugin.timing.remember(crate::metrics::PluginStage::Preprocess, Duration::from_micros(1));
+        }
         assert!(f.plugin.timing.runs_inline(crate::metrics::PluginStage::Preprocess), "a fast stage runs inline");
         let ran = Arc::new(Mutex::new(Vec::new()));
         let other = tokio::spawn({
