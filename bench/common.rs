@@ -19,9 +19,14 @@ pub struct Figures {
     pub p99_ms: f64,
 }
 
+/// `batch` rows of [`input_rows`] as an ONNX Runtime tensor `[batch, 3, 48, 192]`.
+pub fn input_tensor(batch: usize) -> Tensor<f32> {
+    Tensor::from_array(([batch, 3, 48, 192], input_rows(0, batch))).expect("a tensor")
+}
+
 /// ONNX Runtime alone: `batch` rows per run, back to back, for `window`.
 pub fn in_process(session: &mut Session, batch: usize, window: Duration) -> Figures {
-    let input = Tensor::from_array(([batch, 3, 48, 192], input_rows(0, batch))).expect("a tensor");
+    let input = input_tensor(batch);
     let mut latencies = Vec::new();
     let started = Instant::now();
     while started.elapsed() < window {

@@ -259,14 +259,21 @@ fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
+/// The example repository's ocr_cls in an ONNX Runtime session of this
+/// process, with ONNX Runtime's default options.
+fn ocr_cls_session() -> Session {
+    let model = example_repository().join("ocr_cls/1/model.onnx");
+    Session::builder(plugin_stages::ort_environment())
+        .expect("builder")
+        .commit_from_file(model)
+        .expect("the model loads")
+}
+
 /// ocr_cls as JSON and binary at concurrency 1, and from 16 connections
 /// with batching, against ONNX Runtime in this process.
 fn ocr_cls(work: &Path, window: Duration) {
     let model = example_repository().join("ocr_cls/1/model.onnx");
-    let mut session = Session::builder(plugin_stages::ort_environment())
-        .expect("builder")
-        .commit_from_file(&model)
-        .expect("the model loads");
+    let mut session = ocr_cls_session();
     let repo = work.join("ocr_cls");
     std::fs::create_dir_all(&repo).expect("a repository");
     add_model(&repo, "cls", &model, "max_batch_size: 16 dynamic_batching { }");
@@ -420,12 +427,7 @@ fn decode_us(bodies: [&[u8]; 2]) -> [f64; 2] {
 /// sandbox over the same code natively.
 fn plugins() {
     // In this process first: the server's ONNX Runtime threads spin.
-    let model = example_repository().join("ocr_cls/1/model.onnx");
-    let mut session = Session::builder(plugin_stages::ort_environment())
-        .expect("builder")
-        .commit_from_file(&model)
-        .expect("the model loads");
-    let in_process = plugin_call::measure(&mut session);
+    let in_process = plugin_call::measure(&mut ocr_cls_session());
     let server = Server::start(&example_repository(), &[]);
     let client = Client::new(server.base());
     let [cls_pre, cls_post] = plugin_stages::measure::<ocr_cls::ExportedPlugin>(

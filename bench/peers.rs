@@ -214,7 +214,7 @@ fn request() -> Vec<u8> {
 
 /// The ceiling's answer for the request every server gets.
 fn reference_output(session: &mut Session) -> Vec<f32> {
-    let input = ort::value::Tensor::from_array(([1usize, 3, 48, 192], input_rows(0, 1))).expect("a tensor");
+    let input = common::input_tensor(1);
     let outputs = session.run(ort::inputs!["x" => input.view()]).expect("ONNX Runtime runs");
     let (_, values) = outputs[0].try_extract_tensor::<f32>().expect("FP32 output");
     values.to_vec()

@@ -59,7 +59,7 @@ pub fn measure(session: &mut Session) -> CallTimes {
     });
     let probabilities: Vec<u8> = [0.25f32, 0.75].iter().flat_map(|v| v.to_le_bytes()).collect();
     let outputs = Tensor { name: output.into(), datatype: DataType::Fp32, shape: vec![1, 2], data: probabilities };
-    let input = ort::value::Tensor::from_array(([1usize, 3, 48, 192], crate::common::input_rows(0, 1))).expect("x");
+    let input = crate::common::input_tensor(1);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
     // A spawned task, so that the calls start from a worker thread as a
