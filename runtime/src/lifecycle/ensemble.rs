@@ -22,16 +22,38 @@ pub(super) type StepLabels = HashMap<String, Vec<String>>;
 struct Written {
     tensor: String,
     datatype: DataType,
-    /// With the batch dimension (-1) first where the writer batches.
-    shape: Vec<i64>,
+    shape: Shape,
     /// "model 'NAME'", or "the ensemble's inputs".
     by: String,
 }
 
-/// Whether two full shapes can describe one tensor: the same rank, and each
-/// dimension the same or variable (-1) in either.
-fn shapes_agree(a: &[i64], b: &[i64]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y || *x == -1 || *y == -1)
+/// An ensemble tensor's shape as one model (a step's, or the ensemble
+/// itself) declares it.
+struct Shape {
+    /// Without the batch dimension: a step model's `dims`, the ensemble's
+    /// `reshape` where it has one (else its `dims`), as Triton's core takes
+    /// them (`ValidateEnsembleConfig`, `ensemble_utils.cc`).
+    dims: Vec<i64>,
+    /// Whether that model batches: its full shape has -1 in front.
+    batching: bool,
+}
+
+impl Shape {
+    fn full(&self) -> Vec<i64> {
+        let batch = self.batching.then_some(-1);
+        batch.into_iter().chain(self.dims.iter().copied()).collect()
+    }
+
+    /// Whether two models' shapes can describe one tensor, by Triton's
+    /// `ValidateTensorConsistency`: the dims agree (the same rank, each
+    /// dimension the same or variable, -1, in either), or, where they do
+    /// not, the full shapes do, so that a non-batching model's
+    /// `[-1, d...]` meets a batching model's `[d...]`.
+    fn agrees(&self, other: &Shape) -> bool {
+        let agree =
+            |a: &[i64], b: &[i64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y || *x == -1 || *y == -1);
+        agree(&self.dims, &other.dims) || agree(&self.full(), &other.full())
+    }
 }
 
 /// Checks every step against its model, which is READY, with the rules and
@@ -59,7 +81,7 @@ pub(super) fn check_steps(
         .map(|s| Written {
             tensor: s.name.clone(),
             datatype: s.datatype,
-            shape: signature.full_shape(s),
+            shape: Shape { dims: s.model_dims().to_vec(), batching: signature.max_batch_size > 0 },
             by: "the ensemble's inputs".to_owned(),
         })
         .collect();
@@ -111,12 +133,15 @@ pub(super) fn check_steps(
                     step.model
                 )));
             }
-            let shape = steps_signature.full_shape(spec);
-            if !shapes_agree(&shape, &source.shape) {
+            let shape = Shape { dims: spec.dims.clone(), batching: batch > 0 };
+            if !shape.agrees(&source.shape) {
                 problems.push(at(&format!(
-                    "ensemble tensor '{tensor}': inconsistent shape: {:?} is inferred from {} while {shape:?} is \
+                    "ensemble tensor '{tensor}': inconsistent shape: {:?} is inferred from {} while {:?} is \
                      inferred from model {} (input '{input}')",
-                    source.shape, source.by, step.model
+                    source.shape.full(),
+                    source.by,
+                    shape.full(),
+                    step.model
                 )));
             }
         }
@@ -138,7 +163,7 @@ pub(super) fn check_steps(
                 Some(spec) => written.push(Written {
                     tensor: tensor.clone(),
                     datatype: spec.datatype,
-                    shape: steps_signature.full_shape(spec),
+                    shape: Shape { dims: spec.dims.clone(), batching: batch > 0 },
                     by: format!("model {}", step.model),
                 }),
             }
@@ -159,12 +184,15 @@ pub(super) fn check_steps(
                 config_type_name(output.datatype)
             ));
         }
-        let shape = signature.full_shape(output);
-        if !shapes_agree(&shape, &source.shape) {
+        let shape = Shape { dims: output.model_dims().to_vec(), batching: signature.max_batch_size > 0 };
+        if !shape.agrees(&source.shape) {
             problems.push(format!(
                 "in ensemble '{name}', ensemble tensor '{}': inconsistent shape: {:?} is inferred from {} while the \
-                 ensemble declares {shape:?}",
-                output.name, source.shape, source.by
+                 ensemble declares {:?}",
+                output.name,
+                source.shape.full(),
+                source.by,
+                shape.full()
             ));
         }
     }
