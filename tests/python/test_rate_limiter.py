@@ -346,3 +346,26 @@ def test_an_instance_that_lists_no_resources_is_not_limited(tmp_path, http_colle
         assert metric(server, "plinth_inference_rate_limiter_wait_us", "b") == 0
     finally:
         server.stop()
+
+
+def test_a_resource_name_keeps_its_case_and_an_empty_name_or_no_copies_stop_start_up(tmp_path):
+    """`--rate-limit-resource R:1` gives `R` (as written, as Triton reads
+    it) its copy; `:1` and `R:0` are refused at start, naming why."""
+    import os
+    import subprocess
+    from conftest import ROOT
+    zero_model(tmp_path, "upper", [(1, 'resources [ { name: "R" count: 1 } ]')])
+    server = start(tmp_path, "--rate-limit-resource=R:1")
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2, 3]], np.float32))
+        assert client.infer("upper", [tensor]).as_numpy("OUTPUT0").tolist() == [[1, 2, 3]]
+    finally:
+        server.stop()
+    binary = os.environ.get("PLINTH_BIN", str(ROOT / "target/release/plinth"))
+    for flag, words in [(":1", "the resource name is empty"), ("R:0", "count must be 1 or more")]:
+        result = subprocess.run([binary, "serve", "--model-repository", str(tmp_path), "--rate-limit=execution_count",
+                                 f"--rate-limit-resource={flag}"], capture_output=True, text=True, timeout=HANG_GUARD_S)
+        assert result.returncode != 0, result.stderr
+        assert words in result.stderr and "--rate-limit-resource" in result.stderr, result.stderr

@@ -36,10 +36,12 @@ pub type Needs = BTreeMap<Key, u32>;
 
 /// `--rate-limit-resource NAME:COUNT[:DEVICE]`: `count` copies of resource
 /// `name` on GPU `device`, or on every device (and for a global resource,
-/// the server) without one. Triton reads the whole value in lower case.
+/// the server) without one. The name matches the models' resource names
+/// as written, case and all, as in Triton (whose parser reads the value as
+/// given: the lower-cased copy it makes is never used).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceCount {
-    /// The resource's name, in lower case.
+    /// The resource's name, as given.
     pub name: String,
     /// How many copies.
     pub count: u32,
@@ -50,11 +52,12 @@ pub struct ResourceCount {
 impl FromStr for ResourceCount {
     type Err = String;
 
-    /// Parses Triton's `<resource_name>:<count>[:<device>]`, case-insensitively.
+    /// Parses Triton's `<resource_name>:<count>[:<device>]`.
     ///
     /// # Errors
-    /// Triton's text for another shape; a count or device that is not a
-    /// number.
+    /// Triton's text for another shape; an empty name; a count that is not
+    /// a whole number of 1 or more (no copies would let no instance that
+    /// needs the resource ever run); a device that is not a number.
     fn from_str(text: &str) -> Result<ResourceCount, String> {
         let shape = || {
             format!(
@@ -62,8 +65,7 @@ impl FromStr for ResourceCount {
                  '<resource_name>:<count>'. Got {text}"
             )
         };
-        let lower = text.to_lowercase();
-        let parts: Vec<&str> = lower.split(':').collect();
+        let parts: Vec<&str> = text.split(':').collect();
         let (name, count, device) = match parts[..] {
             [name, count] => (name, count, None),
             [name, count, device] => (name, count, Some(device)),
@@ -72,11 +74,14 @@ impl FromStr for ResourceCount {
         let number = |what: &str, v: &str| {
             v.trim().parse::<u32>().map_err(|_| format!("{}: {what} '{v}' is not a whole number", shape()))
         };
-        Ok(ResourceCount {
-            name: name.to_owned(),
-            count: number("count", count)?,
-            device: device.map(|d| number("device", d)).transpose()?,
-        })
+        if name.trim().is_empty() {
+            return Err(format!("{}: the resource name is empty", shape()));
+        }
+        let count = number("count", count)?;
+        if count == 0 {
+            return Err(format!("{}: count must be 1 or more", shape()));
+        }
+        Ok(ResourceCount { name: name.to_owned(), count, device: device.map(|d| number("device", d)).transpose()? })
     }
 }
 
@@ -157,7 +162,7 @@ mod tests {
     #[test]
     fn explicit_counts_apply_per_device_globally_and_must_cover_every_need() {
         let flags: Vec<ResourceCount> =
-            ["R1:10", "R2:5:0", "R2:8:1", "R3:2"].iter().map(|f| f.parse().unwrap()).collect();
+            ["r1:10", "r2:5:0", "r2:8:1", "r3:2"].iter().map(|f| f.parse().unwrap()).collect();
         let instance =
             needs(&[(GPU0, "r1", 1), (GPU1, "r1", 1), (GPU0, "r2", 1), (GPU1, "r2", 1), (Scope::Global, "r3", 1)]);
         let got = available(&flags, std::iter::once(&instance)).unwrap();
@@ -175,6 +180,10 @@ mod tests {
         let elsewhere = ["resource1:10:10".parse().unwrap()];
         let e = available(&elsewhere, std::iter::once(&short)).unwrap_err();
         assert!(e.contains("is limited to 0 which"), "{e}");
+        // Names match as written: `RESOURCE1` gives `resource1` nothing.
+        let other_case = ["RESOURCE1:10".parse().unwrap()];
+        let e = available(&other_case, std::iter::once(&short)).unwrap_err();
+        assert!(e.contains("\"resource1\" is limited to 0 which"), "{e}");
     }
 
     #[test]
@@ -188,11 +197,13 @@ mod tests {
     }
 
     #[test]
-    fn the_flag_reads_triton_s_shapes_in_lower_case() {
+    fn the_flag_reads_triton_s_shapes_keeping_the_name_s_case() {
         assert_eq!(
             "GPU_Mem:4:1".parse::<ResourceCount>().unwrap(),
-            ResourceCount { name: "gpu_mem".into(), count: 4, device: Some(1) }
+            ResourceCount { name: "GPU_Mem".into(), count: 4, device: Some(1) }
         );
+        assert!(":1".parse::<ResourceCount>().unwrap_err().ends_with("the resource name is empty"));
+        assert!("R:0".parse::<ResourceCount>().unwrap_err().ends_with("count must be 1 or more"));
         assert_eq!("r:2".parse::<ResourceCount>().unwrap().device, None);
         for bad in ["r", "r:1:2:3"] {
             let e = bad.parse::<ResourceCount>().unwrap_err();
