@@ -17,6 +17,7 @@ import http.server
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import threading
@@ -458,6 +459,31 @@ def test_folder_markers_and_odd_characters_in_keys_are_read_as_written(moto, fro
     moto.s3.put_object(Bucket="models", Key=f"{prefix}/ocr_cls/empty.txt", Body=b"")
     server = s3_server(moto, repository=f"s3://127.0.0.1:{moto.port}/models/{prefix}")
     try:
+        assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
+    finally:
+        server.stop()
+
+
+def test_keys_with_dot_or_empty_segments_are_skipped_naming_them(moto, from_disk):
+    """Keys that object_store cannot name (a `..`, `.` or empty segment)
+    fail the page of the listing they come in; each is skipped with a
+    warning naming it, and the rest loads, at start and in poll mode."""
+    moto.upload("models", "repo", "ocr_cls")
+    moto.upload("models", "repo", "ocr_rec")
+    bad = ["repo/./stray", "repo//stray", "repo/ocr_cls/1/../stray", "repo/ocr_rec/./stray"]
+    for key in bad:
+        moto.s3.put_object(Bucket="models", Key=key, Body=b"stray")
+    server = s3_server(moto, "--model-control-mode", "poll", "--repository-poll-secs", "1")
+    try:
+        for key in bad:
+            server.wait_for_log(rf"skipping the object '{re.escape(key)}': a key with an empty, '\.' or '\.\.' "
+                                "segment can be no model file")
+        assert call(server, "/v2/health/ready")[0] == 200
+        assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
+        assert predict(server, "ocr_rec", "line_hello.png") == from_disk["ocr_rec"]
+        # A new version deploys while the stray keys are there.
+        moto.upload("models", "repo", "ocr_cls", version_as="2")
+        wait_until("version 2 is READY", lambda: index(server).get(("ocr_cls", "2"), {}).get("state") == "READY")
         assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
     finally:
         server.stop()

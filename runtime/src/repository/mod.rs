@@ -3,6 +3,7 @@
 //! storage ([`remote`], mirrored into a local folder that is then read as
 //! a local repository). [`location`] reads where a repository is.
 
+mod listing;
 pub mod location;
 pub mod remote;
 mod sources;

@@ -20,9 +20,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::stream::{StreamExt, TryStreamExt};
 use object_store::{GetOptions, ObjectMeta, ObjectStore, RetryConfig};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
+use super::listing::{self, Client};
 use super::location::RemoteLocation;
 use super::{Fingerprint, ModelFiles, Stamp, parse_version};
 use crate::metrics::RepositoryMetrics;
@@ -92,7 +94,9 @@ pub struct RemoteError {
 /// A model repository in object storage and its local mirror.
 pub struct RemoteRepository {
     location: RemoteLocation,
-    store: Arc<dyn ObjectStore>,
+    store: Arc<dyn Client>,
+    /// Keys skipped by a listing and said so (once each).
+    skipped: Mutex<std::collections::BTreeSet<String>>,
     /// The mirror: one folder per model synced, beside `.plinth/`
     /// (manifests, staging).
     folder: PathBuf,
@@ -123,7 +127,8 @@ impl RemoteRepository {
             })?;
         }
         remove_abandoned_staging(&folder.join(".plinth/staging"));
-        Ok(RemoteRepository { location, store, folder, metrics, next: AtomicU64::new(0) })
+        let skipped = Mutex::default();
+        Ok(RemoteRepository { location, store, skipped, folder, metrics, next: AtomicU64::new(0) })
     }
 
     /// The location, as written.
@@ -164,14 +169,12 @@ impl RemoteRepository {
 
     /// The objects under `under` (a folder path ending in `/`, or empty for
     /// the whole repository), by path below it. Folder markers (keys ending
-    /// in `/`) are left out.
+    /// in `/`) are left out, and so are keys with an empty, `.` or `..`
+    /// segment, with a warning naming them (see `listing`).
     async fn list(&self, under: &str) -> Result<Listing, RemoteError> {
         let prefix = self.object_path(&self.location.key(under.trim_end_matches('/')))?;
         let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
-        let metas: Vec<ObjectMeta> = self
-            .store
-            .list(prefix.as_ref())
-            .try_collect()
+        let metas: Vec<ObjectMeta> = listing::list(&*self.store, prefix.as_ref(), &self.skipped)
             .await
             .map_err(|e| self.failure(&format!("list {}", self.url(under)), e))?;
         let mut listing = Listing::new();

@@ -37,7 +37,7 @@ pub struct Repositories {
     list: Vec<Repository>,
     /// The temporary folder of the mirrors when no cache folder was given:
     /// removed when the server stops, as Triton removes its copy.
-    scratch: std::sync::Mutex<Option<tempfile::TempDir>>,
+    scratch: parking_lot::Mutex<Option<tempfile::TempDir>>,
 }
 
 /// One repository.
@@ -110,7 +110,7 @@ impl Repositories {
                 metrics.clone(),
             )?)));
         }
-        Ok(Repositories { list, scratch: std::sync::Mutex::new(scratch) })
+        Ok(Repositories { list, scratch: parking_lot::Mutex::new(scratch) })
     }
 
     /// Every model folder and what it holds now: a local folder as on
@@ -224,7 +224,7 @@ impl Repositories {
     /// folder was given (at shutdown: the process does not drop the
     /// lifecycle on its way out).
     pub fn remove_temporary_mirrors(&self) {
-        let scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let scratch = self.scratch.lock().take();
         if let Some(dir) = scratch {
             let path = dir.path().display().to_string();
             if let Err(e) = dir.close() {

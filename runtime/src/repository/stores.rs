@@ -24,11 +24,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use object_store::RetryConfig;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
-use object_store::{ObjectStore, RetryConfig};
 
+use super::listing::Client;
 use super::location::Store;
 
 /// The client of `store`.
@@ -36,13 +37,13 @@ use super::location::Store;
 /// # Errors
 /// The client's message when it cannot be set up (an endpoint that is not
 /// a URL, a credentials file that does not parse).
-pub fn connect(store: &Store, retries: RetryConfig) -> Result<Arc<dyn ObjectStore>, String> {
+pub fn connect(store: &Store, retries: RetryConfig) -> Result<Arc<dyn Client>, String> {
     // reqwest's TLS needs a process-wide crypto provider; a second call
     // finds it installed. ring's provider is deprecated only for lacking
     // post-quantum key exchange; aws-lc-rs would add a C build of its own.
     #[allow(deprecated)]
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match store {
+    let built: Result<Arc<dyn Client>, object_store::Error> = match store {
         Store::S3 { bucket, endpoint } => s3(bucket, endpoint.as_deref(), retries).build().map(|s| Arc::new(s) as _),
         Store::Gcs { bucket } => gcs(bucket, retries).build().map(|s| Arc::new(s) as _),
         Store::Azure { account, container } => azure(account, container, retries).build().map(|s| Arc::new(s) as _),
