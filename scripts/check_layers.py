@@ -12,6 +12,10 @@ module must be named in the layer list of the layout in LAYOUT_DOC. A
 module missing from LAYERS or the layout, an upward import and any cycle are
 errors; each is printed with the file and line that makes it.
 
+One lock policy too: no file under runtime/src uses std's `Mutex` or
+`RwLock`, which a panic poisons (and then every later request that takes
+the lock fails); parking_lot's, which a panic cannot poison, are the rule.
+
 Usage: scripts/check_layers.py [runtime/src]   (exit status 1 on a problem)
 """
 
@@ -136,6 +140,20 @@ def layout_names(doc: pathlib.Path) -> set[str]:
     return names
 
 
+# std's locks, which a panic poisons; parking_lot's are the rule.
+STD_LOCK = re.compile(r"\bstd::sync::(?:\{[^}]*\b(?:Mutex|RwLock)\b[^}]*\}|(?:Mutex|RwLock)\b)")
+
+
+def poisonable_locks(src: pathlib.Path) -> list[str]:
+    """Every line under `src` that names std's Mutex or RwLock."""
+    found = []
+    for file in sorted(src.rglob("*.rs")):
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if STD_LOCK.search(line):
+                found.append(f"{file}:{number}: std's Mutex or RwLock: use parking_lot's, which a panic cannot poison")
+    return found
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "runtime/src")
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -158,6 +176,7 @@ def main() -> int:
         problems.append("import cycle: " + "; ".join(steps))
     if cycle := file_cycle(src):
         problems.append(cycle)
+    problems += poisonable_locks(src)
     doc = src.parents[1] / LAYOUT_DOC
     listed = layout_names(doc)
     for m in sorted(modules - listed):

@@ -8,7 +8,9 @@
 //! it, so tests fill it with anything.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::Error;
 use crate::model::Model;
@@ -130,9 +132,15 @@ impl<M> Default for Registry<M> {
 }
 
 impl<M> Registry<M> {
+    /// Whether the registry's locks can be taken within `wait` each
+    /// (readiness: a lock held that long means requests are stuck).
+    pub fn responsive(&self, wait: std::time::Duration) -> bool {
+        self.models.try_read_for(wait).is_some() && self.draining.try_lock_for(wait).is_some()
+    }
+
     /// Runs `f` on the entry of `name`, creating an empty one if needed.
     fn update<T>(&self, name: &str, f: impl FnOnce(&mut ModelEntry<M>) -> T) -> T {
-        let mut models = self.models.write().expect("registry lock");
+        let mut models = self.models.write();
         f(models.entry(name.to_owned()).or_default())
     }
 
@@ -218,7 +226,7 @@ impl<M> Registry<M> {
 
     /// Whether version `version` of `name` is READY.
     pub fn is_ready(&self, name: &str, version: u64) -> bool {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         models
             .get(name)
             .and_then(|e| e.versions.get(&version))
@@ -263,36 +271,36 @@ impl<M> Registry<M> {
     /// Drops every trace of `name`, after [`Registry::unload`]: it is no
     /// longer listed (modelmesh mode, where an unloaded model id is gone).
     pub fn forget(&self, name: &str) {
-        self.models.write().expect("registry lock").remove(name);
+        self.models.write().remove(name);
     }
 
     /// Whether `name` has a READY version.
     pub fn has_ready(&self, name: &str) -> bool {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         models.get(name).is_some_and(|e| e.ready().next().is_some())
     }
 
     /// Whether a request is using one of the READY versions of `name`: the
     /// registry holds one reference, each request in flight another.
     pub fn is_busy(&self, name: &str) -> bool {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         models.get(name).is_some_and(|e| e.ready().any(|(_, m)| Arc::strong_count(m) > 1))
     }
 
     fn drain(&self, name: &str, version: u64, model: &Arc<M>) {
-        let mut draining = self.draining.lock().expect("draining lock");
+        let mut draining = self.draining.lock();
         draining.push(Draining { name: name.to_owned(), version, model: Arc::downgrade(model) });
     }
 
     /// The READY versions of `name`, ascending.
     pub fn ready_versions(&self, name: &str) -> Vec<u64> {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         models.get(name).map_or_else(Vec::new, |e| e.ready().map(|(v, _)| v).collect())
     }
 
     /// Every READY version of model `name`, or of every model for `None`.
     pub fn ready_models(&self, name: Option<&str>) -> Vec<Arc<M>> {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         let entries = models.iter().filter(|(n, _)| name.is_none_or(|name| n.as_str() == name));
         entries.flat_map(|(_, e)| e.ready().map(|(_, m)| m.clone())).collect()
     }
@@ -308,7 +316,7 @@ impl<M> Registry<M> {
     /// state`, `... has no available versions`), which clients match, and
     /// give Plinth's reason after.
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<M>, Error> {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         let entry = models.get(name).ok_or_else(|| Error::NotFound(unknown_model(name, None)))?;
         match version {
             Some(v) => match entry.versions.get(&v).map(|s| (&s.state, &s.reason)) {
@@ -331,7 +339,7 @@ impl<M> Registry<M> {
 
     /// Whether every wanted model has a READY version.
     pub fn all_ready(&self) -> bool {
-        let models = self.models.read().expect("registry lock");
+        let models = self.models.read();
         models.values().filter(|e| e.wanted).all(|e| e.ready().next().is_some())
     }
 
@@ -340,7 +348,7 @@ impl<M> Registry<M> {
     pub fn index(&self) -> Vec<IndexEntry> {
         let mut rows = Vec::new();
         {
-            let models = self.models.read().expect("registry lock");
+            let models = self.models.read();
             for (name, entry) in models.iter() {
                 if let Some(reason) = &entry.error {
                     rows.push(IndexEntry {
@@ -367,7 +375,7 @@ impl<M> Registry<M> {
                 }
             }
         }
-        let mut draining = self.draining.lock().expect("draining lock");
+        let mut draining = self.draining.lock();
         draining.retain(|d| d.model.strong_count() > 0);
         for d in draining.iter() {
             rows.push(IndexEntry {

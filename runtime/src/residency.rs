@@ -11,9 +11,9 @@
 //! carries them out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
 
 use lru::LruCache;
+use parking_lot::Mutex;
 
 /// Limits on what may be resident at once.
 #[derive(Clone, Debug, Default)]
@@ -127,6 +127,12 @@ impl Residency {
         Residency { budget, admission, state: Mutex::default() }
     }
 
+    /// Whether the residency's lock can be taken within `wait`
+    /// (readiness: a lock held that long means requests are stuck).
+    pub fn responsive(&self, wait: std::time::Duration) -> bool {
+        self.state.try_lock_for(wait).is_some()
+    }
+
     /// The budget.
     pub fn budget(&self) -> &Budget {
         &self.budget
@@ -134,12 +140,12 @@ impl Residency {
 
     /// Pins `name`: it is never evicted.
     pub fn pin(&self, name: &str) {
-        self.state.lock().expect("residency lock").pinned.insert(name.to_owned());
+        self.state.lock().pinned.insert(name.to_owned());
     }
 
     /// Whether `name` was pinned with [`Residency::pin`].
     pub fn is_pinned(&self, name: &str) -> bool {
-        self.state.lock().expect("residency lock").pinned.contains(name)
+        self.state.lock().pinned.contains(name)
     }
 
     /// Room for `need` for `name`: the models to evict for it (none under
@@ -172,7 +178,7 @@ impl Residency {
     fn check_pinned(&self, name: &str, need: &Footprint, victims: &[String]) -> Result<(), String> {
         let (mut total, mut count) = (need.clone(), 1);
         {
-            let mut state = self.state.lock().expect("residency lock");
+            let mut state = self.state.lock();
             for (_, resident) in state.lru().iter().filter(|(n, _)| *n != name && !victims.contains(n)) {
                 total.add(&resident.footprint);
                 count += 1;
@@ -206,17 +212,17 @@ impl Residency {
 
     /// Records a use of `name`: it becomes the most recently used.
     pub fn touch(&self, name: &str) {
-        self.state.lock().expect("residency lock").lru().promote(name);
+        self.state.lock().lru().promote(name);
     }
 
     /// The footprint measured the last time `name` was loaded, if ever.
     pub fn known_footprint(&self, name: &str) -> Option<Footprint> {
-        self.state.lock().expect("residency lock").footprints.get(name).cloned()
+        self.state.lock().footprints.get(name).cloned()
     }
 
     /// What resident models hold, together.
     pub fn used(&self) -> Footprint {
-        let mut state = self.state.lock().expect("residency lock");
+        let mut state = self.state.lock();
         let mut used = Footprint::default();
         for (_, resident) in state.lru().iter() {
             used.add(&resident.footprint);
@@ -226,7 +232,7 @@ impl Residency {
 
     /// What resident models other than `name` hold, with `need` added.
     fn others_with(&self, name: &str, need: &Footprint) -> Footprint {
-        let mut state = self.state.lock().expect("residency lock");
+        let mut state = self.state.lock();
         let mut total = need.clone();
         for (_, resident) in state.lru().iter().filter(|(n, _)| n.as_str() != name) {
             total.add(&resident.footprint);
@@ -327,7 +333,7 @@ impl Residency {
     pub fn victims(&self, incoming: &str, need: &Footprint, busy: impl Fn(&str) -> bool) -> Vec<String> {
         let mut total = self.others_with(incoming, need);
         let others: Vec<(String, Resident)> = {
-            let mut state = self.state.lock().expect("residency lock");
+            let mut state = self.state.lock();
             state
                 .lru()
                 .iter()
@@ -364,7 +370,7 @@ impl Residency {
     /// used; pinned if `pinned` (its configuration says so) or it was
     /// pinned with [`Residency::pin`].
     pub fn admit(&self, name: &str, footprint: Footprint, pinned: bool) {
-        let mut state = self.state.lock().expect("residency lock");
+        let mut state = self.state.lock();
         let pinned = pinned || state.pinned.contains(name);
         state.footprints.insert(name.to_owned(), footprint.clone());
         state.lru().put(name.to_owned(), Resident { footprint, pinned });
@@ -372,7 +378,7 @@ impl Residency {
 
     /// Records that `name` left memory.
     pub fn remove(&self, name: &str) {
-        self.state.lock().expect("residency lock").lru().pop(name);
+        self.state.lock().lru().pop(name);
     }
 }
 

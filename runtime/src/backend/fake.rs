@@ -4,7 +4,9 @@
 //! refuses an input it cannot process), and can be held at a [`Gate`] so a
 //! test decides when an execution finishes, instead of waiting for time.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{Backend, BackendError, BackendKind, ModelIo};
 use crate::tensor::{DataType, Tensor};
@@ -24,25 +26,25 @@ impl Gate {
 
     /// Lets every waiting and later execution through.
     pub fn open(&self) {
-        self.state.lock().unwrap().0 = true;
+        self.state.lock().0 = true;
         self.changed.notify_all();
     }
 
     /// Blocks until `n` executions wait at the gate.
     pub fn wait_for_waiters(&self, n: usize) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         while state.1 < n {
-            state = self.changed.wait(state).unwrap();
+            self.changed.wait(&mut state);
         }
     }
 
     /// Waits at the gate (counted as a waiter) until it is open.
     pub fn pass(&self) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         state.1 += 1;
         self.changed.notify_all();
         while !state.0 {
-            state = self.changed.wait(state).unwrap();
+            self.changed.wait(&mut state);
         }
         state.1 -= 1;
     }
@@ -124,8 +126,8 @@ impl Backend for Doubler {
         }
         let x = &inputs[0];
         let values = Doubler::values(x);
-        self.executions.lock().unwrap().push(x.shape[0] as usize);
-        self.threads.lock().unwrap().push(std::thread::current().name().map(str::to_owned));
+        self.executions.lock().push(x.shape[0] as usize);
+        self.threads.lock().push(std::thread::current().name().map(str::to_owned));
         if values.contains(&-1.0) {
             return Err(BackendError::InvalidInput("-1 is not a number this model takes".into()));
         }

@@ -7,7 +7,6 @@
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use ort::AsPointer;
 use ort::environment::Environment;
@@ -16,6 +15,7 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+use parking_lot::Mutex;
 
 use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
@@ -244,8 +244,7 @@ impl Backend for OnnxModel {
     /// of its own, so other models' requests never count. Waits for a run
     /// in progress; the file's size alone when ONNX Runtime cannot say.
     fn resident_bytes(&self) -> u64 {
-        let stats =
-            self.session.lock().map_err(|_| "the session was poisoned".to_owned()).and_then(|s| ArenaStats::of(&s));
+        let stats = ArenaStats::of(&self.session.lock());
         match stats {
             Ok(stats) => stats.total + self.file_bytes.saturating_sub(stats.in_use),
             Err(e) => {
@@ -261,8 +260,7 @@ impl Backend for OnnxModel {
             .map(|t| Ok((t.name.clone(), to_ort(&t)?)))
             .collect::<Result<Vec<(String, DynValue)>, String>>()
             .map_err(BackendError::InvalidInput)?;
-        let mut session =
-            self.session.lock().map_err(|_| BackendError::Failed("the ONNX Runtime session was poisoned".into()))?;
+        let mut session = self.session.lock();
         if self.io_binding {
             return self.run_bound(&mut session, values);
         }

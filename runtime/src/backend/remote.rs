@@ -12,10 +12,11 @@
 //! uses it any more).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BlockingRetryable, ExponentialBuilder};
+use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -238,7 +239,7 @@ impl RemoteModel {
                 .call(|| remote.send(remote.agent.post(&url), b"").map(drop))
                 .map_err(|e| format!("{e} (loading it)"))?;
             let key = (remote.config.url.clone(), remote.config.model.clone());
-            *CONTROLLED.lock().expect("controlled remotes").get_or_insert_default().entry(key).or_default() += 1;
+            *CONTROLLED.lock().get_or_insert_default().entry(key).or_default() += 1;
             remote.controls = true;
         }
         let remote = Arc::new(remote);
@@ -312,7 +313,7 @@ impl Drop for Remote {
         }
         let key = (self.config.url.clone(), self.config.model.clone());
         {
-            let mut controlled = CONTROLLED.lock().expect("controlled remotes");
+            let mut controlled = CONTROLLED.lock();
             let users = controlled.get_or_insert_default().entry(key.clone()).or_default();
             *users = users.saturating_sub(1);
             if *users > 0 {

@@ -4,7 +4,9 @@
 //! keeping the residency accounting and metrics in step with the registry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::LoadLimits;
 use super::ensemble::{self, StepLabels};
@@ -168,21 +170,34 @@ impl Core {
         self.repositories.observe(dir)
     }
 
+    /// The first of the core's shared parts (records, registry, residency,
+    /// rollouts) whose lock cannot be taken within `wait`: every request
+    /// takes some of them, so none can be served while one is stuck.
+    pub(super) fn stuck(&self, wait: std::time::Duration) -> Option<&'static str> {
+        let parts: [(&str, &dyn Fn() -> bool); 4] = [
+            ("the model records' lock", &|| self.records.try_lock_for(wait).is_some()),
+            ("the registry's lock", &|| self.registry.responsive(wait)),
+            ("the residency's lock", &|| self.residency.responsive(wait)),
+            ("the rollouts' lock", &|| self.rollouts.responsive(wait)),
+        ];
+        parts.into_iter().find(|(_, free)| !free()).map(|(name, _)| name)
+    }
+
     /// The record of model `name`, created empty the first time.
     pub(super) fn record(&self, name: &str) -> Arc<tokio::sync::Mutex<ModelRecord>> {
-        self.records.lock().expect("records lock").entry(name.to_owned()).or_default().clone()
+        self.records.lock().entry(name.to_owned()).or_default().clone()
     }
 
     /// Every model that has a record.
     pub(super) fn recorded(&self) -> Vec<String> {
-        self.records.lock().expect("records lock").keys().cloned().collect()
+        self.records.lock().keys().cloned().collect()
     }
 
     /// Forgets the record of `name`, and its per-model metric series,
     /// unless someone else holds or waits for it (`record` is the caller's
     /// own handle).
     pub(super) fn forget_record(&self, name: &str, record: &Arc<tokio::sync::Mutex<ModelRecord>>) {
-        let mut records = self.records.lock().expect("records lock");
+        let mut records = self.records.lock();
         // Only the caller holds it besides the map: nothing waits on it.
         if Arc::strong_count(record) == 2 {
             records.remove(name);

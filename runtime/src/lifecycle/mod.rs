@@ -172,6 +172,18 @@ impl Lifecycle {
         &self.core.metrics
     }
 
+    /// Which shared part of the core is stuck: a lock that cannot be taken
+    /// within `wait` (see `Core::stuck`); `None` when all are free.
+    pub fn stuck(&self, wait: std::time::Duration) -> Option<&'static str> {
+        self.core.stuck(wait)
+    }
+
+    /// Runs `f` while holding the lock that every answer a rollout judges
+    /// takes: the server's test-only fault hook panics or stalls there.
+    pub fn while_core_locked<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.core.rollouts.while_locked(f)
+    }
+
     /// The load limits: concurrency, timeout and memory budget.
     pub fn limits(&self) -> &LoadLimits {
         &self.core.limits

@@ -8,10 +8,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
@@ -266,7 +267,7 @@ impl Mesh<'_> {
         core.take_out(id, "unloaded");
         core.registry.forget(id);
         *guard = ModelRecord::default();
-        self.state.placed.lock().expect("placed lock").remove(id);
+        self.state.placed.lock().remove(id);
         drop(guard);
         core.forget_record(id, &record);
     }
@@ -298,7 +299,7 @@ async fn load_locked(
     mut record: OwnedMutexGuard<ModelRecord>,
 ) -> Result<u64, LoadError> {
     if core.registry.has_ready(id) {
-        let placed = placements.lock().expect("placed lock");
+        let placed = placements.lock();
         let from = placed.get(id).map(|p| p.source.clone()).unwrap_or_default();
         let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok() == b.canonicalize().ok();
         if !same(&from, source.path()) {
@@ -313,11 +314,11 @@ async fn load_locked(
     core.residency.check_free(id, &Footprint::host(source.bytes())).map_err(LoadError::NoRoom)?;
     let placed = source.place(id).map_err(LoadError::Failed)?;
     let dir = placed.dir.clone();
-    placements.lock().expect("placed lock").insert(id.to_owned(), placed);
+    placements.lock().insert(id.to_owned(), placed);
     let options = LoadOptions { wanted: false, rename: true, chain: &[] };
     if let Err(e) = core.load_locked(&dir, None, options, &mut record).await {
         core.take_out(id, e.message());
-        let placed = placements.lock().expect("placed lock").remove(id);
+        let placed = placements.lock().remove(id);
         return Err(e.map_message(|reason| {
             let reason = placed.map_or(reason.clone(), |p| p.explain(&reason));
             format!("failed to load '{id}': {reason}")

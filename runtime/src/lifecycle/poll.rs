@@ -5,7 +5,8 @@
 //! removed folders unload.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::core::Core;
 use super::request::LoadRequest;
@@ -25,7 +26,7 @@ impl Poll {
     /// A message when a repository cannot be read.
     pub(super) async fn start(&self, core: &Core) -> Result<(), ScanError> {
         let dirs = startup::load_all(core).await?;
-        let mut observed = self.observed.lock().expect("observed lock");
+        let mut observed = self.observed.lock();
         for dir in &dirs {
             observed.insert(dir.name.clone(), core.observe(dir));
         }
@@ -42,7 +43,7 @@ impl Poll {
         };
         let mut stable = Vec::new();
         let gone: Vec<String> = {
-            let mut observed = self.observed.lock().expect("observed lock");
+            let mut observed = self.observed.lock();
             let mut now = HashMap::new();
             for (dir, files) in dirs {
                 if observed.get(&dir.name) == Some(&files) {

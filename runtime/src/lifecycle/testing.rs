@@ -8,7 +8,9 @@
 //! `fake.gpu_bytes` the device memory it takes on GPU 0 (default none).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::{ControlMode, Lifecycle, LoadLimits, Loader};
 use crate::backend::Backend;
@@ -44,13 +46,13 @@ impl FakeLoader {
 
     /// How many loads ran so far.
     pub fn count(&self) -> usize {
-        self.loads.lock().unwrap().len()
+        self.loads.lock().len()
     }
 }
 
 impl Loader for FakeLoader {
     fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
-        self.loads.lock().unwrap().push((dir.name.clone(), version));
+        self.loads.lock().push((dir.name.clone(), version));
         if let Some(gate) = &self.gate {
             gate.pass();
         }
@@ -90,7 +92,7 @@ impl Loader for FakeLoader {
     }
 
     fn gpu_free_bytes(&self, _: u32) -> Option<u64> {
-        *self.gpu_free.lock().unwrap()
+        *self.gpu_free.lock()
     }
 }
 

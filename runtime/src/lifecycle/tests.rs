@@ -96,7 +96,7 @@ async fn a_load_may_bring_the_model_folder_with_it() {
     lifecycle.load("a", request).await.unwrap();
     let a = lifecycle.resolve("a", None).await.unwrap();
     assert_eq!((a.version, a.config.max_batch_size), (3, 2), "the files replace the repository's folder");
-    assert_eq!(loader.loads.lock().unwrap().last().unwrap(), &("a".to_owned(), 3));
+    assert_eq!(loader.loads.lock().last().unwrap(), &("a".to_owned(), 3));
     let mut no_config = LoadRequest::default();
     no_config.files.insert("1/model.onnx".into(), vec![]);
     let refused = lifecycle.load("a", no_config).await.unwrap_err();
@@ -420,7 +420,7 @@ async fn a_swap_that_does_not_fit_on_its_gpu_is_refused_or_unloads_first() {
     repo.add("n", &[1], &on_gpu(600, ""));
     let (lifecycle, loader) = super::testing::lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&["n".into()]).await.unwrap();
-    *loader.gpu_free.lock().unwrap() = Some(500);
+    *loader.gpu_free.lock() = Some(500);
     repo.add("n", &[2], &on_gpu(600, ""));
     let refused = lifecycle.load("n", LoadRequest::default()).await.unwrap_err();
     assert!(refused.message().contains("GPU 0 has 0.0 MiB free"), "{refused:?}");

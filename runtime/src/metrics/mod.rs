@@ -28,8 +28,9 @@ mod shared_memory;
 mod system;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
@@ -86,8 +87,8 @@ impl Versions {
         Arc::new(Lease { versions: self.clone(), labels })
     }
 
-    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<[String; 2], usize>> {
-        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    fn leases(&self) -> parking_lot::MutexGuard<'_, HashMap<[String; 2], usize>> {
+        self.leases.lock()
     }
 
     /// Lets go of one hold on `labels`; the last one removes their series

@@ -4,9 +4,10 @@
 //! `docs/protocol/extension_statistics.md`).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -429,8 +430,8 @@ impl ModelMetrics {
         }
     }
 
-    fn stats(&self) -> std::sync::MutexGuard<'_, Statistics> {
-        self.statistics.lock().unwrap_or_else(|p| p.into_inner())
+    fn stats(&self) -> parking_lot::MutexGuard<'_, Statistics> {
+        self.statistics.lock()
     }
 }
 

@@ -3,8 +3,7 @@
 //! are: `nv_cpu_utilization` (0 to 1, since the previous scrape),
 //! `nv_cpu_memory_used_bytes` and `nv_cpu_memory_total_bytes`.
 
-use std::sync::Mutex;
-
+use parking_lot::Mutex;
 use prometheus::{Gauge, IntGauge, Registry};
 
 pub struct SystemMetrics {
@@ -45,7 +44,7 @@ impl SystemMetrics {
             self.memory_used.set((total.saturating_sub(available) * 1024) as i64);
         }
         if let Some((busy, total)) = cpu_jiffies() {
-            let mut previous = self.previous.lock().unwrap_or_else(|p| p.into_inner());
+            let mut previous = self.previous.lock();
             let elapsed = total.saturating_sub(previous.1);
             if elapsed > 0 {
                 self.utilization.set(busy.saturating_sub(previous.0) as f64 / elapsed as f64);

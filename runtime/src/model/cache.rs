@@ -9,8 +9,9 @@
 //! is not kept.
 
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::tensor::Tensor;
 
@@ -128,8 +129,8 @@ impl ResponseCache {
         (store.used, store.entries.len())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Store> {
+        self.store.lock()
     }
 }
 

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::runtimes::Runtimes;
 use crate::backend::identity::{self, IdentityModel};
@@ -162,7 +164,7 @@ fn measured<T>(
 ) -> Result<T, String> {
     let Placement::Gpu(index) = placement else { return load() };
     let index = u32::try_from(index).map_err(|_| format!("GPU {index} does not exist"))?;
-    let _only_load = GPU_LOADS.lock().unwrap_or_else(|p| p.into_inner());
+    let _only_load = GPU_LOADS.lock();
     if let Err(e) = crate::gpu::init_context(index) {
         tracing::warn!(gpu = index, "cannot make the CUDA context before measuring a load: {e}");
     }

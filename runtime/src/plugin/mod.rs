@@ -30,9 +30,10 @@ mod tests;
 mod timing;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
@@ -293,7 +294,7 @@ impl PluginHost {
             PluginError::Refused(e) => e.to_string(),
             PluginError::Failed(m) => m,
         })?;
-        plugin.idle.lock().expect("idle pool").push(first);
+        plugin.idle.lock().push(first);
         // compile_us is what the on-disk cache saves (bench/plugin_cache.py).
         tracing::info!(plugin = %plugin.label, contract = %version, compile_us, "plugin ready");
         Ok(plugin)
@@ -449,7 +450,7 @@ impl Plugin {
     /// is not counted until it is back). Right after the load that is the
     /// instance it started and warmed up.
     pub fn resident_bytes(&self) -> u64 {
-        let idle = self.idle.lock().expect("idle pool");
+        let idle = self.idle.lock();
         self.code_bytes + idle.iter().map(|inst| inst.store.data().limits.bytes() as u64).sum::<u64>()
     }
 
@@ -550,7 +551,7 @@ impl Plugin {
     {
         let export = stage.label();
         let started = Instant::now();
-        let taken = self.idle.lock().expect("idle pool").pop();
+        let taken = self.idle.lock().pop();
         let mut inst = match taken {
             Some(inst) => inst,
             None => self.start_instance().await?,
@@ -570,7 +571,7 @@ impl Plugin {
                 if std::mem::take(&mut composition.composed) {
                     self.timing.composed();
                 }
-                self.idle.lock().expect("idle pool").push(inst);
+                self.idle.lock().push(inst);
                 result.map_err(|e| match e {
                     Error::Internal(m) => self.failed(&format!("{export} failed: {m}")),
                     refused => PluginError::Refused(refused.map_message(|m| format!("{}: {m}", self.label))),

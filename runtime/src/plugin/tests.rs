@@ -4,8 +4,10 @@
 //! composition.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use super::compose::BoxFuture;
 use super::{
@@ -41,7 +43,7 @@ impl ModelRunner for Runner {
         _: Vec<String>,
         _: crate::scheduler::policy::RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
-        self.calls.lock().unwrap().push((model, Vec::new()));
+        self.calls.lock().push((model, Vec::new()));
         Box::pin(async move { Ok(inputs) })
     }
 
@@ -64,7 +66,7 @@ impl ModelRunner for Runner {
             "missing" => Some(Error::NotFound("unknown model 'missing'".into())),
             _ => None,
         };
-        self.calls.lock().unwrap().push((model, chain));
+        self.calls.lock().push((model, chain));
         Box::pin(async move {
             match refusal {
                 Some(e) => Err(e),
@@ -211,7 +213,7 @@ async fn composed_calls_reach_the_runner_with_the_request_s_chain() {
     let inferred = f.postprocess("self-infer", &["m"]).await.unwrap();
     let outputs: serde_json::Value = serde_json::from_slice(&inferred.body).unwrap();
     assert_eq!(outputs["outputs"][0]["shape"], serde_json::json!([1, 2]), "{outputs}");
-    let calls = f.runner.calls.lock().unwrap().clone();
+    let calls = f.runner.calls.lock().clone();
     assert_eq!(calls, [("callee".to_owned(), vec!["outer".to_owned(), "m".to_owned()]), ("m".to_owned(), vec![])]);
 
     let cycle = failed(f.postprocess("call:outer/ok", &["outer", "m"]).await);
@@ -269,7 +271,7 @@ fn a_slow_call_on_the_runtime_s_thread_lets_other_tasks_run() {
             let ran = ran.clone();
             async move {
                 loop {
-                    ran.lock().unwrap().push(std::time::Instant::now());
+                    ran.lock().push(std::time::Instant::now());
                     tokio::task::yield_now().await;
                 }
             }
@@ -279,7 +281,7 @@ fn a_slow_call_on_the_runtime_s_thread_lets_other_tasks_run() {
         let ended = std::time::Instant::now();
         other.abort();
         assert!(error.contains("exceeded its time limit of 300 ms"), "{error}");
-        let ran = ran.lock().unwrap();
+        let ran = ran.lock();
         assert!(
             ran.iter().any(|t| *t > started && *t < ended),
             "the other task ran while the plugin looped ({} runs, none during the call)",

@@ -17,10 +17,11 @@ pub use window::{Figures, Window};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::metrics::RolloutMetrics;
@@ -407,7 +408,7 @@ impl Rollouts {
     pub fn start(&self, model: &str, plan: Plan, serving: u64) -> RolloutStatus {
         let rollout = Rollout::new(plan, serving, Instant::now());
         let status = rollout.status(model);
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         match by_model.insert(model.to_owned(), rollout) {
             None => {
                 self.kept.fetch_add(1, Ordering::AcqRel);
@@ -439,7 +440,7 @@ impl Rollouts {
         if self.kept.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         let rollout = by_model.get_mut(model)?;
         let key = key(&rollout.plan);
         Some(match rollout.phase {
@@ -455,14 +456,14 @@ impl Rollouts {
     /// phase, in canary and after a rollback, the candidate once promoted.
     /// `None` when the model has no rollout.
     pub fn answering(&self, model: &str) -> Option<u64> {
-        let by_model = self.by_model.lock().expect("rollouts lock");
+        let by_model = self.by_model.lock();
         let rollout = by_model.get(model)?;
         Some(if rollout.phase == Phase::Promoted { rollout.plan.candidate } else { rollout.serving })
     }
 
     /// The candidate of `model`'s rollout while it is in progress.
     pub fn candidate_in_progress(&self, model: &str) -> Option<u64> {
-        let by_model = self.by_model.lock().expect("rollouts lock");
+        let by_model = self.by_model.lock();
         by_model.get(model).filter(|r| r.in_progress()).map(|r| r.plan.candidate)
     }
 
@@ -472,7 +473,7 @@ impl Rollouts {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         let rollout = by_model.get_mut(model)?;
         let role = if version == rollout.plan.candidate { "candidate" } else { "serving" };
         let transition = rollout.observe(version, latency, failed, Instant::now());
@@ -497,7 +498,7 @@ impl Rollouts {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         let rollout = by_model.get_mut(model).filter(|r| r.serving == version)?;
         let before = rollout.shadow.dropped;
         let ticket = rollout.shadow_ticket(model);
@@ -512,7 +513,7 @@ impl Rollouts {
     /// rollout did about it.
     pub fn shadowed(&self, ticket: &ShadowTicket, outcome: Result<(), String>) -> Option<Transition> {
         let model = ticket.model.as_str();
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         let rollout = by_model.get_mut(model)?;
         // Comparisons that finish after the phase ended count for nothing.
         if rollout.phase == Phase::Shadow {
@@ -533,7 +534,7 @@ impl Rollouts {
     /// Lets go of a shadow request that will not run (the serving version
     /// failed it: there is no answer to compare with).
     pub fn release(&self, ticket: &ShadowTicket) {
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         if let Some(rollout) = by_model.get_mut(&ticket.model) {
             rollout.shadow.in_flight = rollout.shadow.in_flight.saturating_sub(1);
         }
@@ -542,7 +543,7 @@ impl Rollouts {
     /// Stops `model`'s rollout in progress: the serving version takes every
     /// request back, with `reason`. `None` when it has none in progress.
     pub fn cancel(&self, model: &str, reason: &str) -> Option<Transition> {
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         let rollout = by_model.get_mut(model).filter(|r| r.in_progress())?;
         let transition = rollout.roll_back(reason.to_owned());
         self.live.fetch_sub(1, Ordering::AcqRel);
@@ -553,7 +554,7 @@ impl Rollouts {
 
     /// Forgets `model`'s rollout (the model was unloaded).
     pub fn forget(&self, model: &str) {
-        let mut by_model = self.by_model.lock().expect("rollouts lock");
+        let mut by_model = self.by_model.lock();
         if let Some(old) = by_model.remove(model) {
             self.kept.fetch_sub(1, Ordering::AcqRel);
             if old.in_progress() {
@@ -565,15 +566,29 @@ impl Rollouts {
 
     /// `model`'s rollout, if it has one (in canary or finished).
     pub fn status(&self, model: &str) -> Option<RolloutStatus> {
-        self.by_model.lock().expect("rollouts lock").get(model).map(|r| r.status(model))
+        self.by_model.lock().get(model).map(|r| r.status(model))
     }
 
     /// Every rollout, by model name.
     pub fn all(&self) -> Vec<RolloutStatus> {
-        let by_model = self.by_model.lock().expect("rollouts lock");
+        let by_model = self.by_model.lock();
         let mut all: Vec<RolloutStatus> = by_model.iter().map(|(m, r)| r.status(m)).collect();
         all.sort_by(|a, b| a.model.cmp(&b.model));
         all
+    }
+
+    /// Whether the rollouts' lock can be taken within `wait` (readiness:
+    /// a lock held that long means requests are stuck behind it).
+    pub fn responsive(&self, wait: Duration) -> bool {
+        self.by_model.try_lock_for(wait).is_some()
+    }
+
+    /// Runs `f` while holding the rollouts' lock, as a request does when a
+    /// rollout judges its answer (the test-only fault hook of the server:
+    /// a panic or a stall in there).
+    pub fn while_locked<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _held = self.by_model.lock();
+        f()
     }
 
     fn record(&self, model: &str, status: &RolloutStatus) {

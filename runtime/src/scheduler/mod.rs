@@ -23,10 +23,11 @@ pub mod rate_limiter;
 pub mod sequence;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use self::ordering::Ordering;
@@ -268,7 +269,7 @@ impl Drop for Queued<'_> {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock()
     }
 
     fn invalid(&self, message: String) -> Error {
@@ -295,7 +296,7 @@ impl Shared {
             || self.try_next_batch(),
             |batch, waited| {
                 self.metrics.rate_limited(waited, batch.len());
-                let _running = slot.running.lock().unwrap_or_else(|p| p.into_inner());
+                let _running = slot.running.lock();
                 self.execute(&*slot.instance, batch);
             },
         );
@@ -332,7 +333,7 @@ impl Shared {
         }
         // An idle instance, held until the run is over: a worker that gets a
         // batch meanwhile waits for it.
-        let Some((slot, _running)) = self.slots.iter().find_map(|s| Some((s, s.running.try_lock().ok()?))) else {
+        let Some((slot, _running)) = self.slots.iter().find_map(|s| Some((s, s.running.try_lock()?))) else {
             return Err(inputs);
         };
         drop(state);
@@ -350,7 +351,7 @@ impl Shared {
                 return None;
             }
             let now = Instant::now();
-            state = match state.queue.next(&self.policy, now) {
+            match state.queue.next(&self.policy, now) {
                 Next::Run(batch) => {
                     if state.queue.total() > 0 {
                         self.wake.notify_one();
@@ -358,14 +359,11 @@ impl Shared {
                     self.metrics.pending().sub(batch.len() as i64);
                     return Some(batch);
                 }
-                Next::Wait(None) => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+                Next::Wait(None) => self.wake.wait(&mut state),
                 Next::Wait(Some(until)) => {
-                    self.wake
-                        .wait_timeout(state, until.saturating_duration_since(now))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
+                    self.wake.wait_for(&mut state, until.saturating_duration_since(now));
                 }
-            };
+            }
         }
     }
 
@@ -578,14 +576,14 @@ mod tests {
         /// Waits until no thread holds the instance.
         fn wait_for_idle_instance(&self) {
             let deadline = Instant::now() + HANG_GUARD;
-            while self.scheduler.shared.slots[0].running.try_lock().is_err() {
+            while self.scheduler.shared.slots[0].running.try_lock().is_none() {
                 assert!(Instant::now() < deadline, "the instance stayed busy");
                 std::thread::yield_now();
             }
         }
 
         fn executions(&self) -> Vec<usize> {
-            self.backend.executions.lock().unwrap().clone()
+            self.backend.executions.lock().clone()
         }
     }
 
@@ -706,7 +704,7 @@ mod tests {
         assert_eq!(f.submit(&[2.0]).await.unwrap().unwrap(), [4.0]);
         measured(INLINE_INFER + Duration::from_micros(1));
         assert_eq!(f.submit(&[3.0]).await.unwrap().unwrap(), [6.0]);
-        let threads = f.backend.threads.lock().unwrap().clone();
+        let threads = f.backend.threads.lock().clone();
         assert_eq!(threads[0].as_deref(), Some("plinth-m-0"));
         assert_ne!(threads[1].as_deref(), Some("plinth-m-0"), "a model measured fast runs inline");
         assert_eq!(threads[2].as_deref(), Some("plinth-m-0"), "a model measured slower runs on its worker");
@@ -719,7 +717,7 @@ mod tests {
         for x in [1.0, 2.0, 3.0] {
             assert_eq!(f.submit(&[x]).await.unwrap().unwrap(), [2.0 * x]);
         }
-        let threads = f.backend.threads.lock().unwrap().clone();
+        let threads = f.backend.threads.lock().clone();
         assert!(threads.iter().all(|t| t.as_deref() == Some("plinth-m-0")), "{threads:?}");
     }
 }

@@ -2,8 +2,8 @@
 //! queued, whichever instance finished first.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 /// Request ids are queue ids: 1, 2, 3, ... in arrival order.
@@ -22,7 +22,7 @@ impl Default for Ordering {
 impl Ordering {
     /// Request `id` has its answer, or will never get one (it was removed).
     pub fn done(&self, id: u64) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         let (next, answered) = &mut *state;
         answered.insert(id);
         while answered.remove(next) {
@@ -35,7 +35,7 @@ impl Ordering {
     pub async fn turn(&self, id: u64) {
         loop {
             let released = self.released.notified();
-            if self.state.lock().unwrap_or_else(|p| p.into_inner()).0 > id {
+            if self.state.lock().0 > id {
                 return;
             }
             released.await;

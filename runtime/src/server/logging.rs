@@ -3,8 +3,7 @@
 //! gRPC `LogSettings`). The level can change while serving; the format and
 //! the destination (stderr) are set at start.
 
-use std::sync::Mutex;
-
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -101,7 +100,7 @@ impl Logging {
     /// `log_info`, `log_warning`, `log_error`, `log_verbose_level`,
     /// `log_format`.
     pub fn settings(&self) -> Value {
-        self.settings.lock().expect("log settings").to_json()
+        self.settings.lock().to_json()
     }
 
     /// Applies the settings in `update` and returns them all.
@@ -112,7 +111,7 @@ impl Logging {
     /// start), or leaves a hole in the levels (warnings off with info on,
     /// errors off with warnings on); nothing changes then.
     pub fn update(&self, update: &Map<String, Value>) -> Result<Value, Error> {
-        let mut settings = self.settings.lock().expect("log settings");
+        let mut settings = self.settings.lock();
         let mut next = *settings;
         for (key, value) in update {
             let flag = || {

@@ -20,9 +20,10 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
+use parking_lot::{Mutex, MutexGuard};
 use prometheus::IntGauge;
 
 use crate::error::Error;
@@ -125,7 +126,7 @@ impl Drop for Held {
 }
 
 fn lock(table: &Table) -> MutexGuard<'_, BTreeMap<String, Arc<Region>>> {
-    table.lock().expect("the region table is never poisoned")
+    table.lock()
 }
 
 /// A region as the status APIs list it (offsets and sizes in bytes).
@@ -351,7 +352,7 @@ impl InputReads<'_> {
     /// The bytes held until the request is answered, apart from the
     /// registry (a request outlives the borrow its decoding took).
     pub fn into_held(self) -> HeldInputs {
-        HeldInputs { _held: self.held.into_inner().unwrap_or_else(|p| p.into_inner()) }
+        HeldInputs { _held: self.held.into_inner() }
     }
 }
 
@@ -385,7 +386,7 @@ impl Regions for InputReads<'_> {
             .file
             .read_exact_at(&mut data, region.offset + at.offset)
             .map_err(|e| Error::Internal(format!("reading shared memory region '{}': {e}", at.region)))?;
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).push(bytes);
+        self.held.lock().push(bytes);
         Ok(data)
     }
 }

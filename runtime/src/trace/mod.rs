@@ -23,7 +23,6 @@ mod settings;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -33,6 +32,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 pub use settings::{Export, Level, Overrides, Protocol, Settings, TraceConfig, Update};
@@ -132,8 +132,8 @@ impl Tracing {
         Ok(tracing)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Scopes> {
-        self.scopes.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Scopes> {
+        self.scopes.lock()
     }
 
     /// Recomputes the fast-path flag after a settings change.

@@ -21,8 +21,10 @@
 mod resources;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 pub use resources::{Device, Key, Needs, ResourceCount, Scope};
 
@@ -142,7 +144,7 @@ impl RateLimiter {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// Registers the instances of one model version, in order: the
@@ -196,7 +198,7 @@ impl RateLimiter {
         let id = stage.2;
         let mut state = self.lock();
         while state.staged.first() != Some(&stage) || !state.fits(id) {
-            state = self.turn.wait(state).unwrap_or_else(|p| p.into_inner());
+            self.turn.wait(&mut state);
         }
         state.staged.remove(&stage);
         state.take(id);

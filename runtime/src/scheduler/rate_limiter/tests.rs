@@ -186,7 +186,7 @@ fn priorities_one_and_two_share_the_turns_two_to_one_between_threads() {
                 };
                 let again = || (!stop.load(Ordering::SeqCst)).then_some(());
                 work(Some((registration, 0)), more, again, |(), _| {
-                    let mut order = order.lock().unwrap();
+                    let mut order = order.lock();
                     order.push(n);
                     if order.len() >= 300 {
                         stop.store(true, Ordering::SeqCst);
@@ -202,7 +202,7 @@ fn priorities_one_and_two_share_the_turns_two_to_one_between_threads() {
         }
         drop(held);
     });
-    let order = order.into_inner().unwrap();
+    let order = order.into_inner();
     let counts = order[..300].iter().fold([0, 0], |mut c, &n| {
         c[n] += 1;
         c

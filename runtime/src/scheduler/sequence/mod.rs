@@ -19,10 +19,11 @@ mod rows;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use self::policy::{SequencePolicy, Strategy};
@@ -358,7 +359,7 @@ impl Shared {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock()
     }
 
     fn check_request(&self, inputs: &[Tensor], sequence: &SequenceRequest) -> Result<(), Error> {
@@ -573,15 +574,12 @@ impl Shared {
                 }
                 Err(until) => [until, next_idle].into_iter().flatten().min(),
             };
-            state = match wait_until {
-                None => self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+            match wait_until {
+                None => self.wake.wait(&mut state),
                 Some(until) => {
-                    self.wake
-                        .wait_timeout(state, until.saturating_duration_since(now))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
+                    self.wake.wait_for(&mut state, until.saturating_duration_since(now));
                 }
-            };
+            }
         }
     }
 

@@ -3,8 +3,10 @@
 //! `OUTPUT_STATE = OUTPUT`, as Triton's QA sequence models compute.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use super::*;
 use crate::backend::fake::Gate;
@@ -70,7 +72,7 @@ impl Backend for Accumulator {
         }
         let get = |name: &str| ints(inputs.iter().find(|t| t.name == name).expect("every input is given"));
         let (input, state, start, ready) = (get("INPUT"), get("INPUT_STATE"), get("START"), get("READY"));
-        self.ready.lock().unwrap().push(ready.clone());
+        self.ready.lock().push(ready.clone());
         let out: Vec<i32> =
             (0..input.len()).map(|r| input[r] + if ready[r] == 1 && start[r] == 0 { state[r] } else { 0 }).collect();
         Ok(vec![int_tensor("OUTPUT", &out), int_tensor("OUTPUT_STATE", &out)])
@@ -198,7 +200,7 @@ async fn direct_keeps_each_sequence_at_its_row_and_pads_idle_slots_with_ready_fa
     assert_eq!(f.run(2, 2, "start").await, Ok(2));
     assert_eq!(f.run(1, 1, "end").await, Ok(2));
     assert_eq!(f.run(2, 3, "end").await, Ok(5));
-    let ready = f.backend.ready.lock().unwrap().clone();
+    let ready = f.backend.ready.lock().clone();
     assert_eq!(ready, [vec![1], vec![0, 1], vec![1], vec![0, 1]], "sequence 2 always runs at row 1");
 }
 
@@ -216,7 +218,7 @@ async fn a_new_sequence_waits_for_a_free_slot() {
     assert_eq!(first.await.unwrap(), Ok(1));
     assert_eq!(end.await.unwrap(), Ok(3));
     assert_eq!(waiting.await.unwrap(), Ok(5));
-    let ready = f.backend.ready.lock().unwrap().len();
+    let ready = f.backend.ready.lock().len();
     assert_eq!(ready, 3, "one slot: three executions, one row each");
 }
 
