@@ -5,7 +5,9 @@ certificate of the roots), curl over HTTPS (the KServe routes, the status
 page, /metrics on its own TLS port, OpenAI's route, HTTP/2 by ALPN, TLS 1.1
 refused), a certificate rotated in place under traffic with no failed
 request and the new certificate served afterwards, and a broken new
-certificate that keeps the one in use."""
+certificate, an expired one, one not yet valid and a FIFO in place of the
+file, each of which keeps the one in use (and leaves the watcher able to
+load the next good one)."""
 
 import http.client
 import json
@@ -298,6 +300,64 @@ def test_a_certificate_rotated_in_place_under_traffic_fails_no_request(pki, repo
     assert traffic.failures == [], traffic.failures[:5]
     print(f"requests {traffic.requests}, connections {len(traffic.served)}, failures {len(traffic.failures)}")
     assert traffic.requests >= 60
+
+
+def issue_valid(authority, stem, not_before, not_after):
+    """A server certificate for `localhost` of `authority`, valid from
+    `not_before` until `not_after` (datetimes): (cert PEM, key PEM)."""
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca = x509.load_pem_x509_certificate(authority.ca.read_bytes())
+    ca_key = serialization.load_pem_private_key(authority.ca_key.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, stem)]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(not_before).not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def test_an_expired_or_future_certificate_or_a_fifo_keeps_the_one_in_use(pki, repository, tmp_path):
+    import datetime
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = datetime.timedelta(days=1)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first_cert, first_key = pki["server"]
+    cert.write_bytes(first_cert.read_bytes())
+    key.write_bytes(first_key.read_bytes())
+    plinth = Plinth(repository, "--http-ssl-cert", str(cert), "--http-ssl-key", str(key))
+    try:
+        for (since, until), words in [((now - 3 * day, now - day), "has expired"),
+                                      ((now + day, now + 3 * day), "is not yet valid")]:
+            pem, key_pem = issue_valid(pki["authority"], "odd", since, until)
+            key.write_bytes(key_pem)
+            cert.write_bytes(pem)
+            plinth.wait_for_log(rf"keeping the TLS certificate in use: the certificate in \S*tls\.crt {words} "
+                                r"\(valid from .* until .*\)")
+            assert served_certificate(plinth.url, pki["ca"]) == der(first_cert)
+        # A FIFO at the certificate's path: refused, never read (a read would wait for a writer for ever).
+        cert.unlink()
+        os.mkfifo(cert)
+        plinth.wait_for_log(r"keeping the TLS certificate in use: cannot read \S*tls\.crt: it is not a regular file")
+        assert served_certificate(plinth.url, pki["ca"]) == der(first_cert)
+        # The watcher is not stuck: a good certificate written next is served.
+        cert.unlink()
+        good, good_key = pki["authority"].issue("after-fifo", "serverAuth")
+        key.write_bytes(good_key.read_bytes())
+        cert.write_bytes(good.read_bytes())
+        plinth.wait_for_log(r"reloaded the TLS certificate")
+        wait_until("the good certificate is served", lambda: served_certificate(plinth.url, pki["ca"]) == der(good))
+    finally:
+        plinth.stop()
 
 
 def test_restricted_apis_work_unchanged_over_tls(pki, repository):

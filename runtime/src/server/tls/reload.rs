@@ -9,9 +9,10 @@
 //! certificate. A file that cannot be read or loaded keeps the old
 //! certificate, and says why once per change.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -26,6 +27,11 @@ use crate::metrics::{Listener, Metrics};
 
 /// How often the watcher reads a listener's TLS files.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long one read of the files may take before the watcher says so: a
+/// file on a filesystem that stopped answering. The read goes on in the
+/// background, and no other starts until it ends.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the TLS files of a listener hold, loaded.
 pub(super) struct Loaded {
@@ -64,11 +70,11 @@ impl Current {
     }
 
     fn get(&self) -> Arc<Loaded> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.read().clone()
     }
 
     fn replace(&self, loaded: Loaded) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
+        *self.0.write() = Arc::new(loaded);
     }
 
     /// The client verifier in use; only called where the files name roots.
@@ -163,12 +169,31 @@ impl Watcher {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The last problem said, so each is said once.
         let mut said: Option<Result<Contents, String>> = None;
+        // A read still running past READ_TIMEOUT, waited for again.
+        let mut pending: Option<tokio::task::JoinHandle<Result<Contents, String>>> = None;
         loop {
             ticks.tick().await;
-            let files = self.files.clone();
-            let read = match tokio::task::spawn_blocking(move || Contents::read(&files)).await {
-                Ok(read) => read,
-                Err(_) => continue,
+            let mut reading = pending.take().unwrap_or_else(|| {
+                let files = self.files.clone();
+                tokio::task::spawn_blocking(move || Contents::read(&files))
+            });
+            let read = match tokio::time::timeout(READ_TIMEOUT, &mut reading).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(_)) => continue,
+                Err(_) => {
+                    let stalled = Err(format!(
+                        "reading {} and {} has taken over {READ_TIMEOUT:?}",
+                        self.files.cert.display(),
+                        self.files.key.display()
+                    ));
+                    if said.as_ref() != Some(&stalled) {
+                        let e = stalled.as_ref().unwrap_err();
+                        tracing::warn!(listener = self.listener.label(), "keeping the TLS certificate in use: {e}");
+                        said = Some(stalled);
+                    }
+                    pending = Some(reading);
+                    continue;
+                }
             };
             if read.as_ref().is_ok_and(|c| *c == self.in_use) || said.as_ref() == Some(&read) {
                 continue;
