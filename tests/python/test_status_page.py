@@ -6,6 +6,7 @@ Unload button takes a model out, which the repository index confirms.
 Set PLINTH_SCREENSHOT=PATH to keep a screenshot of the page (the one in
 docs/ was taken so)."""
 
+import html
 import json
 import os
 import pathlib
@@ -106,3 +107,36 @@ def test_the_unload_button_makes_a_model_unavailable(server, browser):
     browser.find_element(By.CSS_SELECTOR, 'button.load[data-model="ocr_rec"]').click()
     until_state(browser, "ocr_rec", "READY")
     assert index(server)["ocr_rec"]["state"] == "READY"
+
+
+def test_the_page_shows_only_what_the_restricted_apis_would(tmp_path):
+    """With model-repository and statistics restricted (as docs/security.md
+    advises), the page without the key shows no model, state, failure
+    reason (with its file path) or rate; with the key it shows them."""
+    repo = tmp_path / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 0\n')
+    (repo / "served" / "1").mkdir(parents=True)
+    (repo / "served" / "config.pbtxt").write_text(
+        'backend: "identity"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    server = Plinth(repo, "--strict-readiness", "false",
+                    "--http-restricted-api", "model-repository,statistics:admin-key=secret")
+    try:
+        def page(headers):
+            request = urllib.request.Request(f"http://{server.url}/", headers=headers)
+            with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
+                return html.unescape(response.read().decode())
+
+        hidden, shown = page({}), page({"admin-key": "secret"})
+        failure_path = str(repo / "broken" / "1")
+        for secret in ("served", "broken", ">UNAVAILABLE<", failure_path, "requests/s", "p99 ms"):
+            assert secret not in hidden, secret
+            assert secret in shown, secret
+        assert ("models, their states and rollouts: the 'model-repository' API is restricted; "
+                "send its header 'admin-key'") in hidden
+        assert "request rates, latencies and queues: the 'statistics' API is restricted" in hidden
+        assert "is restricted" not in shown
+    finally:
+        server.stop()

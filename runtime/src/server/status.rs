@@ -9,16 +9,26 @@
 //! It reads the counters the metrics already keep ([`LiveCounts`]),
 //! sampled every [`SAMPLE_EVERY`] by a background task, so a page view
 //! costs the inference path nothing.
+//!
+//! The page obeys `--http-restricted-api` as the routes whose data it shows
+//! do: without the header of `model-repository` it shows no model, state,
+//! reason, resident size or rollout (the repository index's and the
+//! rollout routes' data); without that of `statistics`, no rate, latency or
+//! queue; without that of `health`, not whether the server is ready. Each
+//! section left out says which group's header shows it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use askama::Template;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Html;
+use parking_lot::Mutex;
 
 use super::Service;
+use super::restrictions::Api;
 use crate::lifecycle::ControlMode;
 use crate::metrics::LiveCounts;
 use crate::registry::RepositoryState;
@@ -45,7 +55,7 @@ impl Sampler {
     pub fn sample(&self, service: &Service) {
         let now = Instant::now();
         let counts = counts(service);
-        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        let mut history = self.history.lock();
         history.push_back((now, counts));
         while history.front().is_some_and(|(at, _)| now.duration_since(*at) > WINDOW) {
             history.pop_front();
@@ -54,7 +64,7 @@ impl Sampler {
 
     /// The oldest sample within the window.
     fn oldest(&self) -> Option<(Instant, Counts)> {
-        self.history.lock().unwrap_or_else(|p| p.into_inner()).front().cloned()
+        self.history.lock().front().cloned()
     }
 }
 
@@ -125,10 +135,25 @@ impl RolloutRow {
     }
 }
 
+/// What a page view may show: the API groups whose data it shows that the
+/// request passes the restrictions of.
+#[derive(Clone, Copy)]
+struct Shown {
+    /// Models, states, reasons, resident sizes, rollouts, the buttons.
+    repository: bool,
+    /// Rates, latencies, queue depths.
+    statistics: bool,
+    /// Whether the server is ready.
+    health: bool,
+}
+
 #[derive(Template)]
 #[template(path = "status.html")]
 struct Page {
     version: &'static str,
+    shown: Shown,
+    /// The headers that show what is left out, by what they show.
+    hidden: Vec<String>,
     ready: bool,
     mode: String,
     explicit: bool,
@@ -139,13 +164,29 @@ struct Page {
     budget: String,
 }
 
-/// `GET /`: the status page.
-pub async fn page(State(service): State<Arc<Service>>) -> Html<String> {
-    let page = build(&service);
+/// `GET /`: the status page, showing what `headers` pass the restrictions
+/// of.
+pub async fn page(State(service): State<Arc<Service>>, headers: HeaderMap) -> Html<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let restrictions = &service.http_restrictions;
+    let mut hidden = Vec::new();
+    let mut allowed = |api: Api, what: &str| match restrictions.check(api, header) {
+        Ok(()) => true,
+        Err(missing) => {
+            hidden.push(format!("{what}: the '{}' API is restricted; send its header '{missing}'", api.name()));
+            false
+        }
+    };
+    let shown = Shown {
+        repository: allowed(Api::ModelRepository, "models, their states and rollouts"),
+        statistics: allowed(Api::Statistics, "request rates, latencies and queues"),
+        health: allowed(Api::Health, "readiness"),
+    };
+    let page = build(&service, shown, hidden);
     Html(page.render().unwrap_or_else(|e| format!("the status page failed to render: {e}")))
 }
 
-fn build(service: &Service) -> Page {
+fn build(service: &Service, shown: Shown, hidden: Vec<String>) -> Page {
     let now = counts(service);
     let (since, before) = service.status.oldest().unwrap_or_else(|| (Instant::now(), Counts::new()));
     let seconds = since.elapsed().as_secs_f64();
@@ -153,8 +194,8 @@ fn build(service: &Service) -> Page {
         service.registry().ready_models(None).into_iter().map(|m| ((m.name.clone(), m.version), m)).collect();
     let dash = || "—".to_owned();
     let mut total = 0;
-    let rows = service
-        .repository_index(false)
+    let index = if shown.repository { service.repository_index(false) } else { Vec::new() };
+    let rows = index
         .into_iter()
         .map(|entry| {
             let key = (entry.name.clone(), entry.version.parse().unwrap_or(0));
@@ -189,14 +230,17 @@ fn build(service: &Service) -> Page {
         })
         .collect();
     let budget = service.lifecycle.limits().budget.bytes;
+    let rollouts = if shown.repository { service.rollouts() } else { Vec::new() };
     Page {
         version: env!("CARGO_PKG_VERSION"),
-        ready: service.is_ready(),
+        shown,
+        hidden,
+        ready: shown.health && service.is_ready(),
         mode: service.lifecycle.mode().to_string(),
         explicit: service.lifecycle.mode() == ControlMode::Explicit,
         window_s: seconds.round() as u64,
         rows,
-        rollouts: service.rollouts().iter().map(RolloutRow::of).collect(),
+        rollouts: rollouts.iter().map(RolloutRow::of).collect(),
         resident: human(total),
         budget: budget.map_or_else(|| "no --model-memory-budget".to_owned(), human),
     }
