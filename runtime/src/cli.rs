@@ -249,6 +249,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub http_max_body_bytes: usize,
 
+    /// Request bodies read and decoded at once, in all (at least
+    /// --http-max-body-bytes); an inference request that does not fit
+    /// waits for room, then gets 503 with Retry-After.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub http_max_inflight_body_bytes: usize,
+
     /// Seconds a new HTTP or metrics connection may take to open (TLS
     /// handshake, HTTP/2 preface) and each request head to arrive; an idle
     /// keep-alive connection is closed after as long (HTTP/2: pinged).
@@ -258,6 +264,22 @@ pub struct ServeArgs {
     /// Seconds a request body may pause between two pieces (408 beyond).
     #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_BODY_READ_TIMEOUT_SECS)]
     pub http_body_read_timeout: f64,
+
+    /// Bytes a second a request body must average once it has been
+    /// arriving for --http-body-read-timeout (408 below; 0: no minimum).
+    #[arg(long, value_name = "BYTES_PER_SEC", default_value_t = crate::server::listener_settings::DEFAULT_BODY_MIN_RATE)]
+    pub http_body_min_rate: u64,
+
+    /// Seconds an HTTP or metrics client may read nothing of an answer
+    /// before its connection is closed and the answer dropped.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_WRITE_TIMEOUT_SECS)]
+    pub http_write_timeout: f64,
+
+    /// Seconds an HTTP or metrics connection may serve no request before
+    /// it is closed (HTTP/2 connections that only answer pings; HTTP/1
+    /// keep-alive connections close at --http-header-read-timeout).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_IDLE_TIMEOUT_SECS)]
+    pub http_idle_timeout: f64,
 
     /// Connections the HTTP port holds at once; more are closed at accept
     /// (default: half the open-file limit after 256 for the server).
@@ -349,6 +371,17 @@ pub struct ServeArgs {
     /// before it is closed (0, the default: as long as they take; Triton's flag).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub grpc_max_connection_age_grace: u64,
+
+    /// Seconds a gRPC client may read nothing of an answer before its
+    /// connection is closed and the answer dropped.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_WRITE_TIMEOUT_SECS)]
+    pub grpc_write_timeout: f64,
+
+    /// Seconds a gRPC connection may have no call open (one that only
+    /// answers pings) before it is closed; clients reconnect on their next
+    /// call (gRPC's MAX_CONNECTION_IDLE).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::listener_settings::DEFAULT_IDLE_TIMEOUT_SECS)]
+    pub grpc_idle_timeout: f64,
 
     /// Report ready only when every model is READY (Triton's default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -504,6 +537,7 @@ impl ServeArgs {
             grpc_address: self.grpc_address.unwrap_or(self.http_address),
             http_port: self.http_port,
             http_max_body_bytes: self.http_max_body_bytes,
+            http_max_inflight_body_bytes: self.http_max_inflight_body_bytes.max(self.http_max_body_bytes) as u64,
             http: self.http_listener(budget_limits.http, self.http_max_connections, self.http_tls()?)?,
             metrics: self.http_listener(budget_limits.metrics, self.metrics_max_connections, self.metrics_tls()?)?,
             grpc: self.grpc_listener(budget_limits.grpc)?,
@@ -528,6 +562,9 @@ impl ServeArgs {
             tls,
             header_read_timeout: seconds("--http-header-read-timeout", self.http_header_read_timeout)?,
             body_read_timeout: seconds("--http-body-read-timeout", self.http_body_read_timeout)?,
+            body_min_rate: self.http_body_min_rate,
+            write_timeout: seconds("--http-write-timeout", self.http_write_timeout)?,
+            idle_timeout: seconds("--http-idle-timeout", self.http_idle_timeout)?,
             max_connections: given.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         })
     }
@@ -545,6 +582,8 @@ impl ServeArgs {
             keepalive_timeout: Duration::from_millis(self.grpc_keepalive_timeout),
             max_connection_age: millis(self.grpc_max_connection_age),
             max_connection_age_grace: millis(self.grpc_max_connection_age_grace),
+            write_timeout: seconds("--grpc-write-timeout", self.grpc_write_timeout)?,
+            idle_timeout: seconds("--grpc-idle-timeout", self.grpc_idle_timeout)?,
             max_connections: self.grpc_max_connections.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)),
             tls: self.grpc_tls()?,
         })

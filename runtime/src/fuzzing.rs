@@ -31,7 +31,7 @@ pub type Target = fn(&[u8]);
 
 /// The fuzz targets, by the name of their binary in `fuzz/fuzz_targets/`
 /// and of their corpus folder.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("config_pbtxt", config_pbtxt),
     ("json_request", json_request),
     ("binary_request", binary_request),
@@ -39,6 +39,7 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("shared_memory", shared_memory),
     ("ensemble", ensemble),
     ("plugin_tensors", plugin_tensors),
+    ("rollout_plan", rollout_plan),
 ];
 
 /// `config.pbtxt` text: parsed (the text-format parser behind
@@ -256,6 +257,37 @@ impl ModelRunner for EchoSteps {
         _trace: Option<crate::trace::Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move { Err(Error::NotFound(format!("model '{model}' has no plugin here"))) })
+    }
+}
+
+/// A rollout plan as a client sends it (`POST .../rollout`) or a
+/// `config.pbtxt` declares it, its bytes split at the first NUL into the
+/// plan's JSON and the answers it then judges: a plan that parses starts a
+/// rollout, which routes, shadows and judges every answer the rest of the
+/// bytes describe (two bytes each: version side, failure and latency), as
+/// a server's requests would, its status read after each.
+pub fn rollout_plan(data: &[u8]) {
+    let (json, answers) = data.split_at(data.iter().position(|&b| b == 0).unwrap_or(data.len()));
+    let declared = std::str::from_utf8(json).ok().map(|text| crate::rollout::Plan::declared(text, 2, 1));
+    let plan = match (crate::rollout::Plan::parse(json), declared) {
+        (Ok(plan), _) | (Err(_), Some(Ok(plan))) => plan,
+        _ => return,
+    };
+    let (candidate, serving) = (plan.candidate, plan.serving.unwrap_or(1));
+    let rollouts = crate::rollout::Rollouts::new(crate::metrics::Metrics::new().rollout.clone());
+    rollouts.start("m", plan, serving);
+    for pair in answers.chunks(2) {
+        let key = format!("{}", pair[0]);
+        let version = rollouts.route("m", &|_| Some(key.clone())).unwrap_or(serving);
+        let version = if pair[0] & 1 == 1 { candidate } else { version };
+        let latency = std::time::Duration::from_micros(u64::from(*pair.last().unwrap_or(&0)) << (pair[0] % 40));
+        let _ = rollouts.observe("m", version, latency, pair[0] & 2 == 2);
+        if let Some(ticket) = rollouts.shadow_ticket("m", version) {
+            let outcome = if pair[0] & 4 == 4 { Err("differs".to_owned()) } else { Ok(()) };
+            let _ = rollouts.shadowed(&ticket, outcome);
+        }
+        let status = rollouts.status("m").expect("a started rollout has a status");
+        serde_json::to_string(&status).expect("a status serializes");
     }
 }
 

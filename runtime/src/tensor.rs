@@ -135,13 +135,13 @@ impl Tensor {
                 self.data.len()
             )),
             Some(_) => Ok(()),
-            None => match bytes_elements(&self.data) {
-                Some(items) if items.len() == count => Ok(()),
+            // Counted, not collected: a body of empty elements holds one
+            // per 4 bytes, and a slice each would cost four times the body.
+            None => match count_bytes_elements(&self.data) {
+                Some(items) if items == count => Ok(()),
                 Some(items) => Err(format!(
-                    "tensor '{}' of shape {:?} needs {count} BYTES elements, got {}",
-                    self.name,
-                    self.shape,
-                    items.len()
+                    "tensor '{}' of shape {:?} needs {count} BYTES elements, got {items}",
+                    self.name, self.shape
                 )),
                 None => Err(format!("tensor '{}' has malformed BYTES data", self.name)),
             },
@@ -181,6 +181,19 @@ pub fn bytes_elements(mut data: &[u8]) -> Option<Vec<&[u8]>> {
         data = rest;
     }
     Some(items)
+}
+
+/// How many length-prefixed `BYTES` elements `data` holds, without
+/// collecting them; `None` if the data is malformed.
+pub fn count_bytes_elements(mut data: &[u8]) -> Option<usize> {
+    let mut count = 0;
+    while !data.is_empty() {
+        let (len, rest) = data.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        data = rest.get(len..)?;
+        count += 1;
+    }
+    Some(count)
 }
 
 /// Appends one `BYTES` element (length prefix and bytes) to `data`.

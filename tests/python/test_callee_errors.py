@@ -2,7 +2,8 @@
 (`plinth:plugin@0.3.0`) and through an ensemble: with `ocr_rec` unloaded,
 the `ocr` page pipeline answers 503 as `ocr_rec` itself does (a client
 retries it), not 500; an ensemble whose step is unloaded answers 503 too;
-once the callee is back, both answer 200. Real binary, explicit model
+each such 503 carries `Retry-After`, so a client that backs off by it does
+not retry at once; once the callee is back, both answer 200. Real binary, explicit model
 control, the example repository's models."""
 
 import json
@@ -50,10 +51,10 @@ def test_a_plugin_passes_an_unavailable_callee_on_as_503(server):
     assert status == 200 and body["lines"], body
 
     assert post(server, "/v2/repository/models/ocr_rec/unload", b"{}")[0] == 200
-    status, direct, _ = post(server, "/v2/models/ocr_rec/predict", LINE, "image/png")
-    assert status == 503, direct
-    status, body, _ = post(server, "/v2/models/ocr/predict", PAGE, "image/png")
-    assert status == 503, body
+    status, direct, headers = post(server, "/v2/models/ocr_rec/predict", LINE, "image/png")
+    assert (status, headers["Retry-After"]) == (503, "1"), direct
+    status, body, headers = post(server, "/v2/models/ocr/predict", PAGE, "image/png")
+    assert (status, headers["Retry-After"]) == (503, "1"), body
     assert "plugin 'ocr.wasm' of model 'ocr'" in body["error"] and "model 'ocr_rec'" in body["error"], body
     assert "UNAVAILABLE" in body["error"], body
 
@@ -69,8 +70,8 @@ def test_an_ensemble_whose_step_is_unloaded_answers_503(server):
     assert status == 200, body
 
     assert post(server, "/v2/repository/models/angle_of/unload", b"{}")[0] == 200
-    status, body, _ = post(server, "/v2/models/direction/infer", request, "application/json")
-    assert status == 503, body
+    status, body, headers = post(server, "/v2/models/direction/infer", request, "application/json")
+    assert (status, headers["Retry-After"]) == (503, "1"), body
     assert body["error"].startswith("in ensemble 'direction', ") and "angle_of" in body["error"], body
 
     assert post(server, "/v2/repository/models/angle_of/load", b"{}")[0] == 200

@@ -83,8 +83,11 @@ def test_a_malformed_request_after_a_good_one_on_the_same_connection_is_explaine
 
 
 def test_a_uri_too_long_is_a_414_saying_why(server):
-    request = b"GET /v2/" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
-    assert error_of(*only_answer(server, request)) == (414, "the request URI is longer than 65534 bytes")
+    # Past hyper's URI limit, and past its buffer (a request line cut
+    # before its end is a URI too long too, not too many headers).
+    for length in (70_000, 10 << 20):
+        request = b"GET /v2/" + b"a" * length + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert error_of(*only_answer(server, request)) == (414, "the request URI is longer than 65534 bytes")
 
 
 def test_too_many_or_too_large_headers_are_a_431_saying_why(server):

@@ -1,11 +1,13 @@
 """Slow and idle clients, over raw sockets against the real binary: a
 request head that never ends, a connection that sends nothing, half an
 HTTP/2 preface on the gRPC port, an idle keep-alive connection and a body
-that stops arriving are each ended by their timeout (counted in
-plinth_connections_slow_client_total); connections over a listener's
-limit are refused at once while the metrics port, with its own budget,
-still answers; and with the server's file limit low and more slow
-connections than it allows, readiness stays reachable.
+that stops arriving or trickles in are each ended by their timeout
+(counted in plinth_connections_slow_client_total); so are a client that
+never reads its answer (the answer is dropped with the connection), and
+HTTP/2 and gRPC connections that only answer pings; connections over a
+listener's limit are each answered 503 while the metrics port, with its
+own budget, still answers; and with the server's file limit low and more
+slow connections than it allows, readiness stays reachable.
 
 No assertion is on elapsed time: each test waits for the server to close
 the socket, or for a metric, under the hang guard."""
@@ -13,13 +15,14 @@ the socket, or for a metric, under the hang guard."""
 import json
 import resource
 import socket
+import struct
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import HANG_GUARD_S, Plinth, identity_repository, wait_until
+from conftest import HANG_GUARD_S, Plinth, identity_repository, rss, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,116 @@ def test_a_body_that_stops_arriving_gets_408_naming_the_flag(server):
     assert slow_clients(server, "http", "body_timeout") == before + 1
 
 
+def test_a_body_that_trickles_in_gets_408_naming_the_minimum_rate(server):
+    """A byte every 0.2 s: no pause reaches the 1 s read timeout, but once
+    the body has been arriving for 1 s it is far below 1024 bytes a second."""
+    before = slow_clients(server, "http", "body_timeout")
+    with connect(server.url) as conn:
+        conn.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: plinth\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n")
+        conn.settimeout(0.2)
+        received = b""
+        while not received:
+            try:
+                conn.sendall(b" ")
+                received = conn.recv(65536)
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        conn.settimeout(HANG_GUARD_S)
+        received += read_until_closed(conn)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
+    error = json.loads(body)["error"]
+    assert error.startswith("the request body arrives too slowly: "), error
+    assert error.endswith("less than 1024 bytes a second (--http-body-min-rate)"), error
+    assert slow_clients(server, "http", "body_timeout") == before + 1
+
+
+def binary_request(model, values):
+    """A binary-data inference request for `model`'s INT32 `INPUT0`
+    holding `values`, asking for the output as JSON."""
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [len(values)], "datatype": "INT32",
+                                     "parameters": {"binary_data_size": 4 * len(values)}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}).encode()
+    data = header + struct.pack(f"<{len(values)}i", *values)
+    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: plinth\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def test_an_answer_the_client_never_reads_is_dropped_with_its_connection(tmp_path):
+    """A 4 M-element request whose 32 MB JSON answer the client never
+    reads: the connection is closed after --http-write-timeout, counted,
+    and what the client finally reads ends there, short of the answer."""
+    plinth = Plinth(identity_repository(tmp_path / "repo"), "--http-write-timeout", "1")
+    try:
+        with socket.socket() as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            host, port = plinth.url.rsplit(":", 1)
+            conn.settimeout(HANG_GUARD_S)
+            conn.connect((host, int(port)))
+            before = rss(plinth)
+            conn.sendall(binary_request("m", [1_000_000] * 4_000_000))
+            wait_until("the unread answer is dropped", lambda: slow_clients(plinth, "http", "write_timeout") == 1)
+            wait_until("its memory is given back", lambda: rss(plinth) < before + (32 << 20))
+            received = read_until_closed(conn)
+        assert received.startswith(b"HTTP/1.1 200 OK\r\n"), received[:200]
+        assert len(received) < 32_000_000, len(received)
+        # The server goes on.
+        assert ready_status(plinth.url) == 200
+    finally:
+        plinth.stop()
+
+
+def frame(kind, flags, payload=b"", stream=0):
+    """An HTTP/2 frame (RFC 9113, 4.1)."""
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def test_an_http2_connection_that_only_answers_pings_is_closed_when_idle(tmp_path):
+    """An HTTP/2 client that opens a connection, sends no request, and
+    answers each of the server's pings (sent every second here) is closed
+    after --http-idle-timeout."""
+    plinth = Plinth(identity_repository(tmp_path / "repo"), "--http-header-read-timeout", "1",
+                    "--http-idle-timeout", "3")
+    try:
+        pings = 0
+        with connect(plinth.url) as conn:
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0))
+            buffered = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                buffered += chunk
+                while len(buffered) >= 9 and len(buffered) >= 9 + int.from_bytes(buffered[:3], "big"):
+                    length, kind, flags = int.from_bytes(buffered[:3], "big"), buffered[3], buffered[4]
+                    payload, buffered = buffered[9:9 + length], buffered[9 + length:]
+                    if kind == 4 and not flags & 1:
+                        conn.sendall(frame(4, 1))  # SETTINGS ACK
+                    elif kind == 6 and not flags & 1:
+                        conn.sendall(frame(6, 1, payload))  # PING ACK
+                        pings += 1
+        assert pings >= 1, "the server pinged and was answered"
+        wait_until("the idle close is counted", lambda: slow_clients(plinth, "http", "idle_timeout") == 1)
+    finally:
+        plinth.stop()
+
+
+def test_an_idle_grpc_connection_is_closed_and_the_client_reconnects(tmp_path):
+    import tritonclient.grpc as grpcclient
+    plinth = Plinth(identity_repository(tmp_path / "repo"), "--grpc-idle-timeout", "1")
+    try:
+        client = grpcclient.InferenceServerClient(plinth.grpc_url)
+        assert client.is_server_live()
+        wait_until("the idle gRPC connection is closed", lambda: slow_clients(plinth, "grpc", "idle_timeout") == 1)
+        assert client.is_server_live(), "the next call reconnects"
+        client.close()
+    finally:
+        plinth.stop()
+
+
 def ready_status(url):
     """The status of GET /v2/health/ready on `url`; None when the
     connection is refused or closed without an answer."""
@@ -123,13 +236,15 @@ def test_connections_over_the_limit_are_refused_at_once_and_metrics_still_answer
         for conn in held:
             conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
         wait_until("8 connections are open", lambda: open_connections(plinth, "http") == 8)
-        with connect(plinth.url) as excess:
-            excess.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n\r\n")
-            answer = read_until_closed(excess)
-        # Answered 503 at accept (or, had the answer been lost, closed).
-        assert answer == b"" or answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
-        assert b"maximum of connections" in answer or answer == b""
-        assert refused(plinth, "http") >= 1
+        # Each excess connection gets its 503, also when its request
+        # arrives after the server has accepted and refused it.
+        for _ in range(30):
+            with connect(plinth.url) as excess:
+                excess.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n\r\n")
+                answer = read_until_closed(excess)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b"retry-after: 1\r\n" in answer and b"maximum of connections" in answer, answer
+        assert refused(plinth, "http") == 30
         assert plinth.wait_for_log(r"refused \d+ connection\(s\) at accept: the listener holds its maximum of 8 "
                                    r"\(--http-max-connections\)")
         # The metrics port has a budget of its own.

@@ -39,13 +39,20 @@ pub enum SlowClient {
     /// An HTTP/1 request head (or, on a keep-alive connection, the next
     /// one) did not arrive within `--http-header-read-timeout`.
     Header,
-    /// A request body stopped arriving for `--http-body-read-timeout`.
+    /// A request body stopped arriving for `--http-body-read-timeout`, or
+    /// arrived slower than `--http-body-min-rate`.
     Body,
+    /// The client read nothing of an answer for the listener's write
+    /// timeout.
+    Write,
+    /// The connection served no request for the listener's idle timeout.
+    Idle,
 }
 
 impl SlowClient {
     /// Every reason, in the order of the series.
-    pub const ALL: [SlowClient; 3] = [SlowClient::Handshake, SlowClient::Header, SlowClient::Body];
+    pub const ALL: [SlowClient; 5] =
+        [SlowClient::Handshake, SlowClient::Header, SlowClient::Body, SlowClient::Write, SlowClient::Idle];
 
     /// The `reason` label value.
     pub fn label(self) -> &'static str {
@@ -53,6 +60,8 @@ impl SlowClient {
             SlowClient::Handshake => "handshake_timeout",
             SlowClient::Header => "header_timeout",
             SlowClient::Body => "body_timeout",
+            SlowClient::Write => "write_timeout",
+            SlowClient::Idle => "idle_timeout",
         }
     }
 }
@@ -87,7 +96,7 @@ impl ConnectionMetrics {
             Opts::new(
                 "plinth_connections_slow_client_total",
                 "Connections or requests ended because the client did not send in time, by reason \
-                 (handshake_timeout, header_timeout, body_timeout)",
+                 (handshake_timeout, header_timeout, body_timeout, write_timeout, idle_timeout)",
             ),
             &["listener", "reason"],
         )

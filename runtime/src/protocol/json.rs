@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::json_data::{DataSeed, InputData, read_value};
+use super::json_data::{DataSeed, InputData, REFUSED, WORDING_LIMIT, read_raw, read_value};
 use super::parameters::Parameters;
 use crate::error::Error;
 use crate::tensor::{DataType, Tensor, bytes_elements, element_count, request_datatype};
@@ -167,8 +167,10 @@ impl InputTensor {
         let (data, count) = match self.data {
             InputData::Read { bytes, elements } => (bytes, elements),
             InputData::Parsed(value) => read_value(&value, datatype, &self.shape).map_err(bad)?,
+            InputData::Raw(raw) => read_raw(&raw, datatype, &self.shape).map_err(bad)?,
             InputData::Absent => read_value(&Value::Null, datatype, &self.shape).map_err(bad)?,
-            InputData::Unread => return Err(Error::Internal(format!("input '{name}': its data was not parsed again"))),
+            // Left unread by `from_json` in a message over WORDING_LIMIT.
+            InputData::Unread => return Err(bad(REFUSED.to_owned())),
         };
         if count != expected {
             return Err(bad(format!("shape {:?} needs {expected} elements, but data has {count}", self.shape)));
@@ -261,13 +263,14 @@ impl TensorList for InferRequest {
 
 /// Parses a message whose tensors' `data` is read as it is parsed; a
 /// tensor whose direct reading stopped ([`InputData::Unread`]) has its
-/// `data` parsed again from `json` as a value, which words its error.
+/// `data` parsed again from `json` as a value, which words its error,
+/// when `json` is within [`WORDING_LIMIT`].
 ///
 /// # Errors
 /// serde_json's, for text that is not the message.
 pub fn from_json<T: TensorList>(json: &[u8]) -> serde_json::Result<T> {
     let mut message: T = serde_json::from_slice(json)?;
-    if message.tensors().iter().any(|t| matches!(t.data, InputData::Unread)) {
+    if json.len() <= WORDING_LIMIT && message.tensors().iter().any(|t| matches!(t.data, InputData::Unread)) {
         let mut parsed: Value = serde_json::from_slice(json)?;
         for (i, tensor) in message.tensors().iter_mut().enumerate() {
             if matches!(tensor.data, InputData::Unread) {
@@ -368,7 +371,7 @@ mod tests {
             format!(r#""data": {data}"#),
         ];
         let first = parse([data.clone(), name.clone(), shape.clone(), datatype.clone()]);
-        assert!(matches!(first.data, InputData::Parsed(_) | InputData::Absent), "{:?}", first.data);
+        assert!(matches!(first.data, InputData::Raw(_) | InputData::Absent), "{:?}", first.data);
         let last = parse([name, shape, datatype, data]);
         let converted = |t: &InputTensor| {
             let copy = InputTensor {
@@ -381,6 +384,7 @@ mod tests {
                         InputData::Read { bytes: bytes.clone(), elements: *elements }
                     }
                     InputData::Parsed(v) => InputData::Parsed(v.clone()),
+                    InputData::Raw(r) => InputData::Raw(r.clone()),
                     InputData::Absent => InputData::Absent,
                     InputData::Unread => InputData::Unread,
                 },

@@ -4,19 +4,22 @@
 //! Clients write `shape` and `datatype` before `data`, so a tensor's
 //! elements are usually read straight into its bytes while the body is
 //! parsed ([`DataSeed`]), with no `serde_json::Value` tree of tens of
-//! thousands of numbers in between. Data that comes before its datatype is
-//! kept as a `Value` and read afterwards ([`read_value`]). Where the direct
+//! thousands of numbers in between (a `Value` costs 32 bytes and more per
+//! element, 16 times the text of a small number). Data that comes before
+//! its datatype is kept as its JSON text and read the same way once the
+//! datatype is known ([`InputData::Raw`], [`read_raw`]). Where the direct
 //! reading meets anything it does not take (an element of the wrong type or
-//! range, nesting that does not follow the shape) it stops, and the caller
-//! parses that data again as a `Value` ([`InputData::Unread`]): the value
-//! reading alone words the errors, so both readings give the same bytes and
-//! the same errors.
+//! range, nesting that does not follow the shape) it stops: every such
+//! request is refused, and the caller parses that data again as a `Value`
+//! ([`InputData::Unread`]), whose reading alone words the errors, where the
+//! message is small enough ([`WORDING_LIMIT`]).
 
 use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::tensor::{DataType, element_count, push_bytes_element};
 
@@ -36,6 +39,9 @@ pub enum InputData {
     },
     /// Kept as parsed, to be read with the datatype and shape.
     Parsed(Value),
+    /// Came before the datatype or shape: its JSON text, to be read with
+    /// them ([`read_raw`]).
+    Raw(Box<RawValue>),
     /// The direct reading stopped at something it does not take; the
     /// message is parsed again and this replaced by [`InputData::Parsed`].
     Unread,
@@ -66,20 +72,50 @@ impl<'de> DeserializeSeed<'de> for DataSeed<'_> {
             self.datatype.and_then(DataType::from_name).filter(|d| !matches!(d, DataType::Fp16 | DataType::Bf16));
         let shape = self.shape.filter(|s| s.iter().all(|&d| d >= 0));
         let (Some(datatype), Some(shape)) = (datatype, shape) else {
-            return Ok(match Value::deserialize(d)? {
-                Value::Null => InputData::Absent,
-                value => InputData::Parsed(value),
-            });
+            let raw = Box::<RawValue>::deserialize(d)?;
+            return Ok(if raw.get() == "null" { InputData::Absent } else { InputData::Raw(raw) });
         };
-        let mut at = Cursor { datatype, bytes: Vec::new(), elements: 0 };
-        let read = d.deserialize_any(Item { at: &mut at, dims: shape, kind: &mut None, top: true })?;
-        Ok(match read {
-            Read::Done => InputData::Read { bytes: at.bytes, elements: at.elements },
-            Read::Null => InputData::Absent,
-            Read::Stopped => InputData::Unread,
-        })
+        read_direct(d, datatype, shape)
     }
 }
+
+/// Reads `data` from `d` straight into the bytes of `datatype`.
+fn read_direct<'de, D: de::Deserializer<'de>>(d: D, datatype: DataType, shape: &[i64]) -> Result<InputData, D::Error> {
+    let mut at = Cursor { datatype, bytes: Vec::new(), elements: 0 };
+    let read = d.deserialize_any(Item { at: &mut at, dims: shape, kind: &mut None, top: true })?;
+    Ok(match read {
+        Read::Done => InputData::Read { bytes: at.bytes, elements: at.elements },
+        Read::Null => InputData::Absent,
+        Read::Stopped => InputData::Unread,
+    })
+}
+
+/// The largest message whose refused data is parsed again as a `Value` to
+/// word the error exactly; a larger one gets a general error, so that a
+/// refused request never costs a `Value` tree of its size.
+pub const WORDING_LIMIT: usize = 4 << 20;
+
+/// Reads `raw`, the JSON text of data that came before its datatype, as
+/// [`DataSeed`] reads data after it: straight into the bytes of
+/// `datatype`, or, where that stops, from a `Value` (which words the
+/// error) if the text is within [`WORDING_LIMIT`].
+///
+/// # Errors
+/// As [`read_value`]; a general message for refused data over the limit.
+pub fn read_raw(raw: &RawValue, datatype: DataType, shape: &[i64]) -> Result<(Vec<u8>, usize), String> {
+    let text = raw.get();
+    let direct = read_direct(&mut serde_json::Deserializer::from_str(text), datatype, shape);
+    match direct.map_err(|e| format!("data: {e}"))? {
+        InputData::Read { bytes, elements } => Ok((bytes, elements)),
+        InputData::Absent => read_value(&Value::Null, datatype, shape),
+        _ if text.len() > WORDING_LIMIT => Err(REFUSED.to_owned()),
+        _ => read_value(&serde_json::from_str(text).map_err(|e| format!("data: {e}"))?, datatype, shape),
+    }
+}
+
+/// The error of refused data in a message over [`WORDING_LIMIT`].
+pub const REFUSED: &str = "data: an element of the wrong JSON type or range for the datatype, or nesting that does \
+                           not follow the shape";
 
 /// Converts parsed `data` to the bytes of `datatype`, returning them with
 /// their element count. `data` is a flat array, or nested to follow

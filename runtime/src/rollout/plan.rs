@@ -7,12 +7,33 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::config::{self, ModelConfig};
 
 /// The canary steps when a plan names none: the percentages of
 /// unversioned requests the candidate answers, one after another.
 pub const DEFAULT_STEPS: [f64; 4] = [1.0, 10.0, 50.0, 100.0];
+
+// The range of every number in a plan (docs/rollouts.md, "The plan"): a
+// value outside it is refused naming the field, so no figure a client
+// sends reaches arithmetic that could overflow or panic.
+/// Most canary steps in a plan.
+pub const MAX_STEPS: usize = 100;
+/// Longest `dwell_secs`: 30 days.
+pub const MAX_DWELL_SECS: f64 = 30.0 * 24.0 * 3600.0;
+/// Largest `min_requests` and `shadow.requests`.
+pub const MAX_REQUESTS: u64 = 1_000_000_000;
+/// Largest `max_p99_ratio`.
+pub const MAX_P99_RATIO: f64 = 1000.0;
+/// Largest `p99_slack_ms`: one hour.
+pub const MAX_P99_SLACK_MS: f64 = 3_600_000.0;
+/// Largest `shadow.queue`.
+pub const MAX_SHADOW_QUEUE: usize = 10_000;
+/// Most names in `shadow.output_tolerances`.
+pub const MAX_OUTPUT_TOLERANCES: usize = 1000;
+/// Longest `sticky_header`, in bytes.
+pub const MAX_STICKY_HEADER_BYTES: usize = 256;
 
 /// A rollout of a model from its serving version to a candidate version.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -29,7 +50,8 @@ pub struct Plan {
     /// 100.
     #[serde(default = "default_steps")]
     pub steps: Vec<f64>,
-    /// How long each step lasts at least, in seconds.
+    /// How long each step lasts at least, in seconds (0 to
+    /// [`MAX_DWELL_SECS`]).
     #[serde(default = "default_dwell_secs")]
     pub dwell_secs: f64,
     /// Requests the candidate answers in a step before the step may end and
@@ -134,9 +156,8 @@ impl Plan {
     /// A message naming the field that is unknown, missing, of the wrong
     /// type or out of range.
     pub fn parse(json: &[u8]) -> Result<Plan, String> {
-        let plan: Plan = serde_json::from_slice(json).map_err(|e| format!("rollout plan: {e}"))?;
-        plan.check()?;
-        Ok(plan)
+        let fields = fields(serde_json::from_slice(json))?;
+        Plan::from_fields(fields)
     }
 
     /// Reads the plan a model declares in its `config.pbtxt` parameter
@@ -148,8 +169,7 @@ impl Plan {
     /// As [`Plan::parse`], and a message naming `candidate` or `serving`
     /// when the declared plan names them.
     pub fn declared(json: &str, candidate: u64, serving: u64) -> Result<Plan, String> {
-        let mut fields: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(json).map_err(|e| format!("rollout plan: {e}"))?;
+        let mut fields = fields(serde_json::from_str(json))?;
         for decided in ["candidate", "serving"] {
             if fields.contains_key(decided) {
                 return Err(format!(
@@ -160,6 +180,15 @@ impl Plan {
         }
         fields.insert("candidate".into(), candidate.into());
         fields.insert("serving".into(), serving.into());
+        Plan::from_fields(fields)
+    }
+
+    fn from_fields(fields: serde_json::Map<String, Value>) -> Result<Plan, String> {
+        // serde reads a struct from an array too (`"shadow": []` would be
+        // every default): a plan and its shadow phase are objects only.
+        if let Some(shadow) = fields.get("shadow").filter(|s| !s.is_null() && !s.is_object()) {
+            return Err(format!("rollout plan: 'shadow' must be a JSON object, got {shadow}"));
+        }
         let plan: Plan = serde_json::from_value(fields.into()).map_err(|e| format!("rollout plan: {e}"))?;
         plan.check()?;
         Ok(plan)
@@ -167,13 +196,17 @@ impl Plan {
 
     /// The dwell time of each step.
     pub fn dwell(&self) -> Duration {
-        Duration::from_secs_f64(self.dwell_secs)
+        // check() bounds dwell_secs; saturate anyway rather than panic.
+        Duration::try_from_secs_f64(self.dwell_secs).unwrap_or(Duration::MAX)
     }
 
     fn check(&self) -> Result<(), String> {
         let refuse = |m: String| Err(format!("rollout plan: {m}"));
         if self.steps.is_empty() {
             return refuse("'steps' is empty; give percentages ending at 100".into());
+        }
+        if self.steps.len() > MAX_STEPS {
+            return refuse(format!("'steps' has {} steps, more than {MAX_STEPS}", self.steps.len()));
         }
         if self.steps.iter().any(|s| !(*s > 0.0 && *s <= 100.0)) {
             return refuse(format!("'steps' must be percentages in (0, 100], got {:?}", self.steps));
@@ -184,33 +217,42 @@ impl Plan {
         if self.steps.last() != Some(&100.0) {
             return refuse(format!("the last of 'steps' must be 100, got {:?}", self.steps));
         }
-        if !(self.dwell_secs.is_finite() && self.dwell_secs >= 0.0) {
-            return refuse(format!("'dwell_secs' must be 0 or more, got {}", self.dwell_secs));
+        if !(0.0..=MAX_DWELL_SECS).contains(&self.dwell_secs) {
+            return refuse(format!("'dwell_secs' must be in [0, {MAX_DWELL_SECS}], got {}", self.dwell_secs));
         }
-        if self.min_requests == 0 {
-            return refuse("'min_requests' must be 1 or more".into());
+        if !(1..=MAX_REQUESTS).contains(&self.min_requests) {
+            return refuse(format!("'min_requests' must be in [1, {MAX_REQUESTS}], got {}", self.min_requests));
         }
         if !(0.0..=1.0).contains(&self.max_error_rate) {
             return refuse(format!("'max_error_rate' must be in [0, 1], got {}", self.max_error_rate));
         }
-        if !(self.max_p99_ratio.is_finite() && self.max_p99_ratio >= 1.0) {
-            return refuse(format!("'max_p99_ratio' must be 1 or more, got {}", self.max_p99_ratio));
+        if !(1.0..=MAX_P99_RATIO).contains(&self.max_p99_ratio) {
+            return refuse(format!("'max_p99_ratio' must be in [1, {MAX_P99_RATIO}], got {}", self.max_p99_ratio));
         }
-        if !(self.p99_slack_ms.is_finite() && self.p99_slack_ms >= 0.0) {
-            return refuse(format!("'p99_slack_ms' must be 0 or more, got {}", self.p99_slack_ms));
+        if !(0.0..=MAX_P99_SLACK_MS).contains(&self.p99_slack_ms) {
+            return refuse(format!("'p99_slack_ms' must be in [0, {MAX_P99_SLACK_MS}], got {}", self.p99_slack_ms));
         }
         if self.serving == Some(self.candidate) {
             return refuse(format!("'serving' and 'candidate' are both version {}", self.candidate));
         }
-        if self.sticky_header.as_deref().is_some_and(|h| h.is_empty() || !h.is_ascii()) {
-            return refuse("'sticky_header' must be a header name".into());
+        if let Some(header) = &self.sticky_header {
+            check_header_name(header).or_else(|m| refuse(format!("'sticky_header' {m}")))?;
         }
         if let Some(shadow) = &self.shadow {
             if !(shadow.percent > 0.0 && shadow.percent <= 100.0) {
                 return refuse(format!("'shadow.percent' must be in (0, 100], got {}", shadow.percent));
             }
-            if shadow.requests == 0 || shadow.queue == 0 {
-                return refuse("'shadow.requests' and 'shadow.queue' must be 1 or more".into());
+            if !(1..=MAX_REQUESTS).contains(&shadow.requests) {
+                return refuse(format!("'shadow.requests' must be in [1, {MAX_REQUESTS}], got {}", shadow.requests));
+            }
+            if !(1..=MAX_SHADOW_QUEUE).contains(&shadow.queue) {
+                return refuse(format!("'shadow.queue' must be in [1, {MAX_SHADOW_QUEUE}], got {}", shadow.queue));
+            }
+            if shadow.output_tolerances.len() > MAX_OUTPUT_TOLERANCES {
+                return refuse(format!(
+                    "'shadow.output_tolerances' names {} outputs, more than {MAX_OUTPUT_TOLERANCES}",
+                    shadow.output_tolerances.len()
+                ));
             }
             if !(0.0..=1.0).contains(&shadow.max_disagreement_rate) {
                 return refuse(format!(
@@ -225,6 +267,43 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// The JSON object a plan is read from.
+fn fields(parsed: serde_json::Result<Value>) -> Result<serde_json::Map<String, Value>, String> {
+    match parsed.map_err(|e| format!("rollout plan: {e}"))? {
+        Value::Object(fields) => Ok(fields),
+        other => Err(format!("rollout plan: a plan is a JSON object, got {}", kind(&other))),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Whether `name` can be a sticky header: an HTTP field name (RFC 9110
+/// `token`), which is also a gRPC metadata key once lower-cased, of at most
+/// [`MAX_STICKY_HEADER_BYTES`]; a pseudo-header such as `:authority` is no
+/// field a client sets.
+///
+/// # Errors
+/// What is wrong with it, to follow the field's name.
+fn check_header_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_STICKY_HEADER_BYTES {
+        return Err(format!("is {} bytes long, more than {MAX_STICKY_HEADER_BYTES}", name.len()));
+    }
+    if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        let shown: String = name.escape_default().collect();
+        return Err(format!("must be a header name (letters, digits and !#$%&'*+-.^_`|~), got \"{shown}\""));
+    }
+    Ok(())
 }
 
 /// The `config.pbtxt` parameter that declares the rollout every new version
@@ -262,7 +341,7 @@ mod tests {
             (r#"{"candidate": 3}"#, "names no 'candidate'"),
             (r#"{"serving": 1}"#, "names no 'serving'"),
             (r#"{"stepz": [100]}"#, "unknown field `stepz`"),
-            (r#"[100]"#, "expected a map"),
+            (r#"[100]"#, "a plan is a JSON object, got an array"),
         ] {
             let e = Plan::declared(json, 3, 2).unwrap_err();
             assert!(e.contains(words), "{json}: {e}");
@@ -278,9 +357,9 @@ mod tests {
             (r#"{"candidate": 2, "steps": [10, 50]}"#, "the last of 'steps' must be 100"),
             (r#"{"candidate": 2, "steps": [0, 100]}"#, "in (0, 100]"),
             (r#"{"candidate": 2, "max_error_rate": 2}"#, "'max_error_rate' must be in [0, 1]"),
-            (r#"{"candidate": 2, "max_p99_ratio": 0.5}"#, "'max_p99_ratio' must be 1 or more"),
+            (r#"{"candidate": 2, "max_p99_ratio": 0.5}"#, "'max_p99_ratio' must be in [1, 1000], got 0.5"),
             (r#"{"candidate": 2, "serving": 2}"#, "both version 2"),
-            (r#"{"candidate": 2, "min_requests": 0}"#, "'min_requests' must be 1 or more"),
+            (r#"{"candidate": 2, "min_requests": 0}"#, "'min_requests' must be in [1, 1000000000], got 0"),
             (r#"{"candidate": 2, "shadow": {"percent": 0}}"#, "'shadow.percent' must be in (0, 100]"),
             (r#"{"candidate": 2, "shadow": {"tolerance": -1}}"#, "must be 0 or more"),
             (r#"{"candidate": 2, "shadow": {"sample": 5}}"#, "unknown field `sample`"),
@@ -288,5 +367,38 @@ mod tests {
             let e = Plan::parse(json.as_bytes()).unwrap_err();
             assert!(e.contains(words), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn every_number_is_bounded_and_every_shape_checked() {
+        let steps = format!(
+            "[{}]",
+            (1..=101).map(|s| (f64::from(s) * 100.0 / 101.0).to_string()).collect::<Vec<_>>().join(",")
+        );
+        let long = "x".repeat(MAX_STICKY_HEADER_BYTES + 1);
+        for (json, words) in [
+            (r#"{"candidate": 2, "dwell_secs": 1e20}"#.to_owned(), "'dwell_secs' must be in [0, 2592000]"),
+            (r#"{"candidate": 2, "dwell_secs": -1}"#.to_owned(), "'dwell_secs' must be in"),
+            (r#"{"candidate": 2, "p99_slack_ms": 1e308}"#.to_owned(), "'p99_slack_ms' must be in [0, 3600000]"),
+            (r#"{"candidate": 2, "max_p99_ratio": 1e300}"#.to_owned(), "'max_p99_ratio' must be in [1, 1000]"),
+            (r#"{"candidate": 2, "min_requests": 18446744073709551615}"#.to_owned(), "'min_requests' must be in"),
+            (format!(r#"{{"candidate": 2, "steps": {steps}}}"#), "more than 100"),
+            (r#"{"candidate": 2, "shadow": []}"#.to_owned(), "'shadow' must be a JSON object, got []"),
+            (r#"{"candidate": 2, "shadow": 5}"#.to_owned(), "'shadow' must be a JSON object"),
+            (r#"[2]"#.to_owned(), "a plan is a JSON object, got an array"),
+            (r#"{"candidate": 2, "shadow": {"queue": 100000}}"#.to_owned(), "'shadow.queue' must be in [1, 10000]"),
+            (r#"{"candidate": 2, "shadow": {"requests": 0}}"#.to_owned(), "'shadow.requests' must be in"),
+            (r#"{"candidate": 2, "sticky_header": "bad header\n"}"#.to_owned(), r#"got "bad header\n""#),
+            (r#"{"candidate": 2, "sticky_header": ":authority"}"#.to_owned(), "'sticky_header' must be a header name"),
+            (r#"{"candidate": 2, "sticky_header": ""}"#.to_owned(), "'sticky_header' must be a header name"),
+            (format!(r#"{{"candidate": 2, "sticky_header": "{long}"}}"#), "more than 256"),
+        ] {
+            let e = Plan::parse(json.as_bytes()).unwrap_err();
+            assert!(e.contains(words), "{json}: {e}");
+        }
+        let edges = r#"{"candidate": 2, "dwell_secs": 2592000, "p99_slack_ms": 3600000, "max_p99_ratio": 1000,
+            "min_requests": 1000000000, "sticky_header": "X-Client-Id", "shadow": {"queue": 10000}}"#;
+        Plan::parse(edges.as_bytes()).unwrap();
+        assert_eq!(Plan::declared(r#"{"shadow": null}"#, 2, 1).unwrap().shadow, None);
     }
 }

@@ -34,6 +34,11 @@ impl From<Error> for tonic::Status {
     }
 }
 
+/// `Retry-After` of a 503 that is not an overload (a model LOADING,
+/// UNAVAILABLE or unloading, the server shutting down): a client that
+/// backs off by the header tries again after a second rather than at once.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
+
 /// An error answer: its status and message.
 #[derive(Debug)]
 pub struct ApiError {
@@ -41,7 +46,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// What went wrong, for the client.
     pub message: String,
-    /// Seconds for the `Retry-After` header of an overload 503 (RFC 9110).
+    /// Seconds for the `Retry-After` header (RFC 9110) of an overload 503;
+    /// every other 503 carries [`UNAVAILABLE_RETRY_AFTER_SECS`].
     pub retry_after_secs: Option<u64>,
 }
 
@@ -76,8 +82,9 @@ impl IntoResponse for ApiError {
 }
 
 /// An error answer with `body` (the KServe or OpenAI shape) and status,
-/// `Retry-After` when given; `message` is logged, as a warning for a server
-/// failure other than 503 (which is the server working as designed).
+/// `Retry-After` when given, and on every 503 (a client that backs off by
+/// it must not retry at once); `message` is logged, as a warning for a
+/// server failure other than 503 (which is the server working as designed).
 pub(super) fn respond(
     status: StatusCode,
     message: &str,
@@ -90,10 +97,33 @@ pub(super) fn respond(
         tracing::debug!(status = status.as_u16(), "{message}");
     }
     let mut response = (status, Json(body)).into_response();
-    if let Some(secs) = retry_after_secs {
+    let unavailable = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(UNAVAILABLE_RETRY_AFTER_SECS);
+    if let Some(secs) = retry_after_secs.or(unavailable) {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
+}
+
+/// The words of a caught panic's payload (a `panic!` message is a `&str`
+/// or a `String`).
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        text
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text
+    } else {
+        "a panic without a message"
+    }
+}
+
+/// What a request whose handling panicked is answered: an internal error
+/// that says so, logged as an error. The panic fails that request alone:
+/// the server's locks cannot be poisoned (`parking_lot`), so the next
+/// requests, to this model or any other, are served as before.
+pub(super) fn panicked(payload: &(dyn std::any::Any + Send)) -> Error {
+    let what = panic_message(payload);
+    tracing::error!(panic = what, "a request's handling panicked; that request fails, the server goes on");
+    Error::Internal(format!("the server failed on this request (a panic: {what}); other requests are not affected"))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! closed from shutdown on, and a JSON body for hyper's own error answers.
 //! The handlers are in `routes`.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use axum::Router;
@@ -12,6 +13,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 
@@ -19,7 +21,7 @@ use opentelemetry::KeyValue;
 use tracing::Instrument;
 
 use super::restrictions::Api;
-use super::{ApiError, Service, openai, routes};
+use super::{ApiError, Service, faults, openai, routes};
 use crate::trace::{Front, Span};
 
 /// The KServe v2 routes over `service`, each group of them behind its
@@ -102,9 +104,13 @@ pub fn router(service: Arc<Service>) -> Router {
         (Api::ModelRepository, repository),
         (Api::SharedMemory, shared_memory),
     ];
-    groups
-        .into_iter()
-        .fold(Router::new(), |all, (api, routes)| all.merge(restricted(&service, api, routes)))
+    let mut routes =
+        groups.into_iter().fold(Router::new(), |all, (api, routes)| all.merge(restricted(&service, api, routes)));
+    if faults::enabled() {
+        tracing::warn!("{} is set: requests may inject faults (tests only)", faults::ENABLE_VARIABLE);
+        routes = routes.route_layer(middleware::from_fn_with_state(service.clone(), faults::inject));
+    }
+    routes
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::wrong_method)
         // The limit applies to the body after decompression, so a small
@@ -115,6 +121,9 @@ pub fn router(service: Arc<Service>) -> Router {
         .layer(middleware::from_fn_with_state(service.clone(), read_small_bodies_first))
         .layer(middleware::from_fn_with_state(service.clone(), refuse_announced_excess))
         .layer(middleware::map_response_with_state(service.clone(), close_when_shutting_down))
+        .layer(CatchPanicLayer::custom(|panic: Box<dyn Any + Send>| {
+            ApiError::from(super::error::panicked(&*panic)).into_response()
+        }))
         .with_state(service)
 }
 
@@ -154,12 +163,31 @@ async fn explain_unsupported_encoding(response: Response) -> Response {
 
 /// Counts inference requests in flight, from before their body is read, so
 /// shutdown can wait for them, and refuses new ones once shutdown has begun.
-async fn track_inference(State(service): State<Arc<Service>>, mut request: Request, next: Next) -> Response {
+async fn track_inference(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
     let _counted = match service.begin_inference() {
         Ok(counted) => counted,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let Some(span) = start_trace(&service, &request) else { return next.run(request).await };
+    // Reserved before the body is read, held until the answer: its length
+    // where the connection knows it, else the most a body may be.
+    let body_bytes = http_body::Body::size_hint(request.body()).exact().unwrap_or(service.max_body_bytes as u64);
+    let _memory = match service.request_memory.reserve(body_bytes).await {
+        Ok(permit) => permit,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let response = traced(&service, request, next).await;
+    service.request_memory.answered(body_bytes);
+    response
+}
+
+/// A request's `Content-Length`, if it announces one.
+fn announced_length(request: &Request) -> Option<u64> {
+    request.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Runs `request`, in a root span when it is traced.
+async fn traced(service: &Service, mut request: Request, next: Next) -> Response {
+    let Some(span) = start_trace(service, &request) else { return next.run(request).await };
     request.extensions_mut().insert(span.clone());
     // The request's log lines carry its trace id (`--log-format json`).
     let log = tracing::info_span!("request", trace_id = %span.trace_id());
@@ -194,10 +222,8 @@ fn start_trace(service: &Service, request: &Request) -> Option<Span> {
 /// `--http-max-body-bytes` gets its 413 as soon as its headers arrive: no
 /// body byte is read, so hyper sends no `100 Continue` either.
 async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
-    let announced =
-        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let max = service.max_body_bytes;
-    match announced {
+    match announced_length(&request) {
         Some(length) if length > max as u64 => {
             // Begins as the text of a body found too long while read.
             let message = format!(
@@ -274,12 +300,20 @@ pub(super) struct HeadLimit {
     read: Option<usize>,
     /// How much of `\r\n\r\n` the last bytes read match (0 to 3).
     matched: u8,
+    /// Whether the current head's request line has ended (a `\n` read).
+    line_ended: bool,
 }
 
 impl HeadLimit {
     /// A connection's limit: its first bytes are a head.
     pub(super) fn new() -> HeadLimit {
-        HeadLimit { read: Some(0), matched: 0 }
+        HeadLimit { read: Some(0), matched: 0, line_ended: false }
+    }
+
+    /// Whether the head read last had a whole request line: a head cut at
+    /// the limit without one is a URI too long, not too many headers.
+    pub(super) fn request_line_ended(&self) -> bool {
+        self.line_ended || self.read.is_none()
     }
 
     /// The most bytes the next read may take; `None` for no limit (a body,
@@ -292,13 +326,14 @@ impl HeadLimit {
     pub(super) fn read(&mut self, bytes: &[u8]) {
         let Some(read) = self.read else { return };
         for &byte in bytes {
+            self.line_ended |= byte == b'\n';
             self.matched = match (self.matched, byte) {
                 (0 | 2, b'\r') | (1 | 3, b'\n') => self.matched + 1,
                 (_, b'\r') => 1,
                 _ => 0,
             };
             if self.matched == 4 {
-                (self.read, self.matched) = (None, 0);
+                (self.read, self.matched, self.line_ended) = (None, 0, false);
                 return;
             }
         }
@@ -320,10 +355,14 @@ impl HeadLimit {
 /// line, `connection: close`, `content-length: 0` and `date`, nothing
 /// else; our own 400s always carry a JSON body), the answer to write
 /// instead, with the same status and a JSON body saying what was wrong.
-pub(super) fn explain_automatic_answer(written: &[u8]) -> Option<Vec<u8>> {
+///
+/// hyper's 431 for a head cut at the limit before its request line ended
+/// (`request_line_ended` false) is a URI far too long: it becomes a 414,
+/// as hyper answers a URI that fits its buffer and is still too long.
+pub(super) fn explain_automatic_answer(written: &[u8], request_line_ended: bool) -> Option<Vec<u8>> {
     let head = written.strip_suffix(b"\r\n\r\n")?;
     let mut lines = head.split(|&b| b == b'\n').map(|line| line.strip_suffix(b"\r").unwrap_or(line));
-    let status_line = lines.next()?;
+    let mut status_line = lines.next()?;
     let (status, message) = match status_line {
         b"HTTP/1.1 400 Bad Request" => (
             StatusCode::BAD_REQUEST,
@@ -331,6 +370,10 @@ pub(super) fn explain_automatic_answer(written: &[u8]) -> Option<Vec<u8>> {
                 .to_owned(),
         ),
         b"HTTP/1.1 414 URI Too Long" => {
+            (StatusCode::URI_TOO_LONG, format!("the request URI is longer than {HYPER_MAX_URI} bytes"))
+        }
+        b"HTTP/1.1 431 Request Header Fields Too Large" if !request_line_ended => {
+            status_line = b"HTTP/1.1 414 URI Too Long";
             (StatusCode::URI_TOO_LONG, format!("the request URI is longer than {HYPER_MAX_URI} bytes"))
         }
         b"HTTP/1.1 431 Request Header Fields Too Large" => (

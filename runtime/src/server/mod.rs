@@ -7,10 +7,12 @@
 
 pub mod body_timeout;
 mod error;
+mod faults;
 mod grpc;
 pub mod http;
 mod listeners;
 pub mod logging;
+pub mod memory;
 mod modelmesh;
 pub mod openai;
 pub mod restrictions;
@@ -55,6 +57,9 @@ pub struct ServeOptions {
     pub http_port: u16,
     /// Largest request body accepted, in bytes (413 beyond).
     pub http_max_body_bytes: usize,
+    /// `--http-max-inflight-body-bytes`: the request bodies read and
+    /// decoded at once, in bytes (at least `http_max_body_bytes`).
+    pub http_max_inflight_body_bytes: u64,
     /// What the HTTP listener allows its clients: timeouts, connections.
     pub http: HttpListener,
     /// What the metrics listener allows its clients (the HTTP timeouts,
@@ -104,6 +109,7 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     let held = service.lifecycle.metrics().shared_memory.clone();
     service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm, opts.shm_max_input_bytes, held);
     service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
+    service.request_memory = memory::RequestMemory::new(opts.http_max_inflight_body_bytes);
     let service = Arc::new(service);
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     tokio::spawn(status::sample_forever(service.clone()));

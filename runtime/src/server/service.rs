@@ -46,6 +46,11 @@ pub const EXTENSIONS: [&str; 9] = [
     "trace",
 ];
 
+/// How long a shared lock of the core may stay held before readiness says
+/// the server cannot serve: far above any hold of a working server
+/// (microseconds), far below a readiness probe's timeout.
+pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The server's name in server metadata.
 pub const SERVER_NAME: &str = "plinth";
 
@@ -81,6 +86,8 @@ pub struct Service {
     pub tracing: Option<Arc<Tracing>>,
     /// The status page's samples of the counters.
     pub status: super::status::Sampler,
+    /// The HTTP request bodies read and decoded at once.
+    pub request_memory: super::memory::RequestMemory,
 }
 
 /// An inference request as a front end decoded it for its model.
@@ -160,6 +167,7 @@ impl Service {
             shared_memory,
             tracing: None,
             status: super::status::Sampler::default(),
+            request_memory: super::memory::RequestMemory::new(max_body_bytes as u64 * 4),
         }
     }
 
@@ -169,11 +177,21 @@ impl Service {
     }
 
     /// Ready (`/v2/health/ready`, `ServerReady`): the start-up loads are
-    /// done, shutdown has not begun and, with `--strict-readiness`, every
-    /// model that should be loaded is READY.
+    /// done, shutdown has not begun, the core can serve (no shared lock of
+    /// it is stuck for [`STUCK_AFTER`]) and, with `--strict-readiness`,
+    /// every model that should be loaded is READY.
     pub fn is_ready(&self) -> bool {
         let loaded = self.startup_done.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire);
-        loaded && (!self.strict_readiness || self.registry().all_ready())
+        loaded && (!self.strict_readiness || self.registry().all_ready()) && self.core_can_serve()
+    }
+
+    /// Whether no shared lock of the core is held past [`STUCK_AFTER`]
+    /// (a request stuck while holding it holds up every other); logged
+    /// when one is.
+    fn core_can_serve(&self) -> bool {
+        let Some(part) = self.lifecycle.stuck(STUCK_AFTER) else { return true };
+        tracing::error!(part, "not ready: {part} has been held for over {STUCK_AFTER:?}, so requests cannot be served");
+        false
     }
 
     /// Counts an inference request in flight until the guard drops.

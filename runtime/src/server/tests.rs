@@ -290,7 +290,7 @@ fn hyper_s_own_error_answers_are_explained_and_nothing_else() {
         ),
     ];
     for (status, message) in cases {
-        let answer = String::from_utf8(explain_automatic_answer(hyper(status).as_bytes()).unwrap()).unwrap();
+        let answer = String::from_utf8(explain_automatic_answer(hyper(status).as_bytes(), true).unwrap()).unwrap();
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with(&format!("HTTP/1.1 {status}\r\n")), "{head}");
         assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
@@ -304,8 +304,13 @@ fn hyper_s_own_error_answers_are_explained_and_nothing_else() {
         hyper("400 Bad Request").replace("\r\n\r\n", "\r\ncontent-type: application/json\r\n\r\n"),
         hyper("400 Bad Request") + "{}",
     ] {
-        assert_eq!(explain_automatic_answer(other.as_bytes()), None, "{other}");
+        assert_eq!(explain_automatic_answer(other.as_bytes(), true), None, "{other}");
     }
+    // A head cut before its request line ended: the URI is what is too long.
+    let cut = hyper("431 Request Header Fields Too Large");
+    let answer = String::from_utf8(explain_automatic_answer(cut.as_bytes(), false).unwrap()).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 414 URI Too Long\r\n"), "{answer}");
+    assert!(answer.ends_with(&error("the request URI is longer than 65534 bytes").to_string()), "{answer}");
 }
 
 #[tokio::test]

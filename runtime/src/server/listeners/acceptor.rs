@@ -38,6 +38,17 @@ pub(super) enum Kind {
     Grpc,
 }
 
+/// How long a connection refused at the limit is kept, after its answer
+/// and its FIN, reading and dropping what its client still sends: closing
+/// with unread bytes, or before a request still on its way arrives, resets
+/// the connection, and the reset can overtake the 503.
+const REFUSED_LINGER: Duration = Duration::from_secs(2);
+
+/// Refused connections kept lingering at once, at most; past it one is
+/// closed at once (a flood of them must not take the descriptors the
+/// limit keeps for the connections served).
+const MAX_LINGERING: usize = 64;
+
 /// The answer of a plain HTTP connection refused at the limit.
 const REFUSED_ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
 connection: close\r\nretry-after: 1\r\ncontent-length: 76\r\n\r\n\
@@ -113,6 +124,8 @@ pub(super) struct Acceptor {
     open: InUse,
     limit: Limit,
     refusals: Refusals,
+    /// Refused connections lingering now.
+    lingering: InUse,
 }
 
 /// What woke an [`Acceptor`].
@@ -146,6 +159,7 @@ impl Acceptor {
             open: open.clone(),
             limit,
             refusals: Refusals::default(),
+            lingering: InUse::default(),
         };
         Ok((acceptor, Controls { close, closed, fresh }))
     }
@@ -194,17 +208,21 @@ impl Acceptor {
         Accepted { stream, fresh: self.fresh.hold(), open: self.open.hold(), at: Instant::now() }
     }
 
-    /// Closes `stream`, over the limit: what the client already sent is
-    /// read (so the close is no reset), a plain HTTP client is answered
-    /// 503, and the refusal is counted and logged (at most once every
-    /// [`REFUSAL_LOG_INTERVAL`]).
+    /// Closes `stream`, over the limit: a plain HTTP client is answered
+    /// 503, then the connection lingers (see [`linger`]) so that the close
+    /// resets nothing, and the refusal is counted and logged (at most once
+    /// every [`REFUSAL_LOG_INTERVAL`]).
     fn refuse(&mut self, stream: TcpStream) {
-        let mut scratch = [0u8; 4096];
-        while matches!(stream.try_read(&mut scratch), Ok(n) if n > 0) {}
-        if self.kind == Kind::Http {
-            let _ = stream.try_write(REFUSED_ANSWER);
+        let answer = (self.kind == Kind::Http).then_some(REFUSED_ANSWER);
+        if self.lingering.count() < MAX_LINGERING {
+            tokio::spawn(linger(stream, answer, self.lingering.hold()));
+        } else {
+            let mut scratch = [0u8; 4096];
+            while matches!(stream.try_read(&mut scratch), Ok(n) if n > 0) {}
+            if let Some(answer) = answer {
+                let _ = stream.try_write(answer);
+            }
         }
-        drop(stream);
         let Limit { max, flag, listener, metrics } = &self.limit;
         metrics.connections.refused(*listener);
         self.refusals.since += 1;
@@ -249,6 +267,23 @@ impl Acceptor {
             let _ = closed.send(());
         }
     }
+}
+
+/// Answers a refused connection (`answer`, if any), sends FIN, and reads
+/// and drops what the client sends until it closes too, for at most
+/// [`REFUSED_LINGER`]; `_lingering` counts it meanwhile.
+async fn linger(mut stream: TcpStream, answer: Option<&'static [u8]>, _lingering: Hold) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tokio::time::timeout(REFUSED_LINGER, async {
+        if let Some(answer) = answer {
+            stream.write_all(answer).await?;
+        }
+        stream.shutdown().await?;
+        let mut scratch = [0u8; 4096];
+        while stream.read(&mut scratch).await? > 0 {}
+        Ok::<(), io::Error>(())
+    })
+    .await;
 }
 
 /// As axum's own listener: connection errors are the peer's; others (out
@@ -330,6 +365,8 @@ mod tests {
             listener: Listener::Http,
             metrics: metrics.clone(),
             opening_flag: "--http-header-read-timeout",
+            write_timeout: (Duration::from_secs(600), "--http-write-timeout"),
+            idle_timeout: (Duration::from_secs(600), "--http-idle-timeout"),
         };
         Conn::new(accepted, opening, reporting, true)
     }

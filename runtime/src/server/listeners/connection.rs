@@ -7,13 +7,16 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::Connected;
 
 use super::acceptor::Accepted;
+use super::activity::{Activity, ConnInfo};
 use super::opening::Opening;
 use super::report::Reporting;
 use super::transport::Transport;
@@ -48,6 +51,11 @@ pub(super) struct Conn {
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
     /// HTTP: keeps each request head within hyper's limit.
     head: Option<crate::server::http::HeadLimit>,
+    /// While a write makes no progress: when it fails.
+    write_stall: Option<Pin<Box<Sleep>>>,
+    /// The requests it serves, and when to look whether it is idle.
+    activity: Arc<Activity>,
+    idle_check: Pin<Box<Sleep>>,
 }
 
 impl Conn {
@@ -57,6 +65,7 @@ impl Conn {
     pub(super) fn new(accepted: Accepted<Transport>, opening: Opening, reporting: Reporting, explain: bool) -> Conn {
         let head = explain.then(crate::server::http::HeadLimit::new);
         let open = reporting.metrics.connections.opened(reporting.listener);
+        let idle_check = Box::pin(tokio::time::sleep(reporting.idle_timeout.0));
         Conn {
             stream: accepted.stream,
             fresh: Some(accepted.fresh),
@@ -67,19 +76,81 @@ impl Conn {
             replacement: None,
             linger: None,
             head,
+            write_stall: None,
+            activity: Activity::new(),
+            idle_check,
         }
     }
 
+    /// The requests the connection serves: each counted there keeps it
+    /// from being closed as idle.
+    pub(super) fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
+
+    /// `polled`, a write (or flush) of the stream; one that has made no
+    /// progress for the write timeout fails instead (counted and logged),
+    /// and the server closes the connection, dropping the answer.
+    fn watch_write<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.write_stall = None;
+            return polled;
+        }
+        let (timeout, flag) = self.reporting.write_timeout;
+        let stall = self.write_stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(stall.as_mut().poll(cx));
+        self.write_stall = None;
+        let Reporting { listener, metrics, .. } = &self.reporting;
+        metrics.connections.slow_client(*listener, SlowClient::Write);
+        let message = format!("the client read nothing of an answer for {} s ({flag})", timeout.as_secs_f64());
+        tracing::debug!(listener = listener.label(), "{message}");
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, message)))
+    }
+
+    /// An error once the connection has served no request for the idle
+    /// timeout (counted and logged); the read then fails and the server
+    /// closes the connection.
+    fn poll_idle_expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let (timeout, flag) = self.reporting.idle_timeout;
+        while self.idle_check.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            match self.activity.idle_for(now) {
+                Some(quiet) if quiet >= timeout => {
+                    let Reporting { listener, metrics, .. } = &self.reporting;
+                    metrics.connections.slow_client(*listener, SlowClient::Idle);
+                    let message = format!("the connection served no request for {} s ({flag})", timeout.as_secs_f64());
+                    tracing::debug!(listener = listener.label(), "{message}");
+                    return Some(io::Error::new(io::ErrorKind::TimedOut, message));
+                }
+                Some(quiet) => self.idle_check.as_mut().reset(now + (timeout - quiet)),
+                None => self.idle_check.as_mut().reset(now + timeout),
+            }
+        }
+        None
+    }
+
     /// Whether `written`, hyper's next write, is one of its bodyless error
-    /// answers; if so it is replaced, from now on.
-    fn replaces(&mut self, written: &[u8]) -> bool {
+    /// answers; if so it is replaced, from now on. `line_ended`: whether
+    /// the head it answers had a whole request line.
+    fn replaces(&mut self, written: &[u8], line_ended: bool) -> bool {
         if self.replacement.is_none()
             && self.explain
-            && let Some(answer) = crate::server::http::explain_automatic_answer(written)
+            && let Some(answer) = crate::server::http::explain_automatic_answer(written, line_ended)
         {
             self.replacement = Some((answer, 0));
         }
         self.replacement.is_some()
+    }
+
+    /// An answer is being written: the next bytes read start a new head.
+    /// Returns whether the head read before had a whole request line.
+    fn answering(&mut self) -> bool {
+        let head = self.head.as_mut();
+        let line_ended = head.as_ref().is_none_or(|h| h.request_line_ended());
+        if let Some(head) = head {
+            head.answering();
+        }
+        line_ended
     }
 
     /// Writes what is left of the replacement answer.
@@ -106,7 +177,7 @@ impl Conn {
         }
         let timeout = opening.timeout();
         self.opening = None;
-        let Reporting { listener, metrics, opening_flag } = &self.reporting;
+        let Reporting { listener, metrics, opening_flag, .. } = &self.reporting;
         metrics.connections.slow_client(*listener, SlowClient::Handshake);
         let message =
             format!("the client did not open the connection within {} s ({opening_flag})", timeout.as_secs_f64());
@@ -117,7 +188,7 @@ impl Conn {
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(expired) = self.poll_opening_expired(cx) {
+        if let Some(expired) = self.poll_opening_expired(cx).or_else(|| self.poll_idle_expired(cx)) {
             return Poll::Ready(Err(expired));
         }
         let cap = self.head.and_then(|h| h.cap()).filter(|&cap| cap < buf.remaining());
@@ -152,14 +223,13 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        if let Some(head) = &mut self.head {
-            head.answering();
-        }
-        if self.replaces(buf) {
+        let line_ended = self.answering();
+        if self.replaces(buf, line_ended) {
             ready!(self.poll_replacement(cx))?;
             return Poll::Ready(Ok(buf.len()));
         }
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.watch_write(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -169,16 +239,15 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         // hyper writes an answer's head as the first buffer, and its
         // automatic answers as a head alone.
-        if let Some(head) = &mut self.head {
-            head.answering();
-        }
+        let line_ended = self.answering();
         let total = bufs.iter().map(|b| b.len()).sum();
         let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
-        if (first.len() == total && self.replaces(first)) || self.replacement.is_some() {
+        if (first.len() == total && self.replaces(first, line_ended)) || self.replacement.is_some() {
             ready!(self.poll_replacement(cx))?;
             return Poll::Ready(Ok(total));
         }
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.watch_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -187,7 +256,8 @@ impl AsyncWrite for Conn {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_replacement(cx))?;
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        self.watch_write(cx, polled)
     }
 
     /// Sends FIN after the answer, then reads and drops what the client
@@ -219,10 +289,10 @@ impl AsyncWrite for Conn {
 }
 
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.tcp().connect_info()
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo { activity: self.activity.clone() }
     }
 }
 
@@ -258,6 +328,8 @@ mod tests {
             listener: Listener::Http,
             metrics: Arc::new(Metrics::new()),
             opening_flag: "--http-header-read-timeout",
+            write_timeout: (Duration::from_secs(600), "--http-write-timeout"),
+            idle_timeout: (Duration::from_secs(600), "--http-idle-timeout"),
         };
         (client, Conn::new(accepted, opening, reporting, explain), fresh)
     }
@@ -330,8 +402,13 @@ mod tests {
             at,
         };
         let metrics = Arc::new(Metrics::new());
-        let reporting =
-            Reporting { listener: Listener::Grpc, metrics: metrics.clone(), opening_flag: "--grpc-handshake-timeout" };
+        let reporting = Reporting {
+            listener: Listener::Grpc,
+            metrics: metrics.clone(),
+            opening_flag: "--grpc-handshake-timeout",
+            write_timeout: (Duration::from_secs(600), "--grpc-write-timeout"),
+            idle_timeout: (Duration::from_secs(600), "--grpc-idle-timeout"),
+        };
         let mut conn = Conn::new(accepted, Opening::new(at, Duration::from_millis(1)), reporting, false);
         // Half an HTTP/2 preface, then nothing.
         client.write_all(b"PRI * HTTP/2.0\r\n").unwrap();

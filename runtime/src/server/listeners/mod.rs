@@ -13,6 +13,7 @@
 //! ([`connection`] counts them).
 
 mod acceptor;
+mod activity;
 mod connection;
 mod opening;
 mod report;
@@ -31,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tonic_health::ServingStatus;
+use tower_http::catch_panic::CatchPanicLayer;
 
 use self::acceptor::{Acceptor, Controls, Kind, Limit};
 use self::connection::Conn;
@@ -179,7 +181,14 @@ fn http_server(
 ) -> Result<HttpServer, String> {
     let metrics = service.lifecycle.metrics();
     let tls = start_tls(settings.tls.as_ref(), Alpn::Http, listener, metrics)?;
-    let reporting = reporting(listener, metrics, tls.is_some(), "--http-header-read-timeout");
+    metrics.connections.start(listener, tls.is_some());
+    let reporting = Reporting {
+        listener,
+        metrics: metrics.clone(),
+        opening_flag: "--http-header-read-timeout",
+        write_timeout: (settings.write_timeout, "--http-write-timeout"),
+        idle_timeout: (settings.idle_timeout, "--http-idle-timeout"),
+    };
     Ok(HttpServer { app, settings: Arc::new(settings.clone()), reporting, tls })
 }
 
@@ -198,12 +207,6 @@ fn start_tls(
     let clients = if files.client_roots.is_some() { "; clients must present a certificate" } else { "" };
     tracing::info!(listener = listener.label(), "TLS with {}{clients}", files.cert.display());
     Ok(Some(tls))
-}
-
-/// Where the connections of `listener` report, their opening held to `flag`.
-fn reporting(listener: Listener, metrics: &Arc<Metrics>, tls: bool, flag: &'static str) -> Reporting {
-    metrics.connections.start(listener, tls);
-    Reporting { listener, metrics: metrics.clone(), opening_flag: flag }
 }
 
 /// Serves `server` on `listener`, at most its settings' connections at
@@ -262,7 +265,14 @@ async fn serve_grpc(
     });
     let metrics = service.lifecycle.metrics();
     let tls = start_tls(settings.tls.as_ref(), Alpn::Grpc, Listener::Grpc, metrics)?;
-    let reporting = reporting(Listener::Grpc, metrics, tls.is_some(), "--grpc-handshake-timeout");
+    metrics.connections.start(Listener::Grpc, tls.is_some());
+    let reporting = Reporting {
+        listener: Listener::Grpc,
+        metrics: metrics.clone(),
+        opening_flag: "--grpc-handshake-timeout",
+        write_timeout: (settings.write_timeout, "--grpc-write-timeout"),
+        idle_timeout: (settings.idle_timeout, "--grpc-idle-timeout"),
+    };
     let limit = Limit {
         max: settings.max_connections,
         flag: "--grpc-max-connections",
@@ -307,6 +317,12 @@ async fn serve_grpc(
             // grpc.health.v1 belongs to the `health` group of --grpc-restricted-protocol.
             .layer(grpc::Restricted::layer(service.grpc_restrictions.clone()))
             .layer(grpc::MessageLimit::layer())
+            // Each call keeps its connection from closing as idle.
+            .layer(activity::TrackLayer)
+            // A panic fails its call alone, INTERNAL with what panicked.
+            .layer(CatchPanicLayer::custom(|panic: Box<dyn std::any::Any + Send>| {
+                tonic::Status::from(super::error::panicked(&*panic)).into_http::<tonic::body::Body>()
+            }))
             .add_service(health_service)
             .add_service(grpc::inference(service))
             .add_optional_service(mesh)

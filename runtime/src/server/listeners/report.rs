@@ -1,7 +1,9 @@
 //! Where the connections of one listener report: the listener's name in
-//! the metrics and the log, and the flag their opening is held to.
+//! the metrics and the log, and the flags their opening, writes and idle
+//! time are held to.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::metrics::{Listener, Metrics};
 
@@ -15,4 +17,10 @@ pub(super) struct Reporting {
     pub metrics: Arc<Metrics>,
     /// The flag whose timeout an opening is held to, for the log.
     pub opening_flag: &'static str,
+    /// How long a write may make no progress (the client reads nothing)
+    /// before the connection is closed, and the flag that sets it.
+    pub write_timeout: (Duration, &'static str),
+    /// How long the connection may serve no request before it is closed,
+    /// and the flag that sets it.
+    pub idle_timeout: (Duration, &'static str),
 }

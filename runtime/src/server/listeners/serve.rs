@@ -21,6 +21,7 @@ use tokio::sync::{oneshot, watch};
 use tower::Service as _;
 
 use super::acceptor::{Accepted, Acceptor};
+use super::activity::Tracked;
 use super::connection::Conn;
 use super::opening::Opening;
 use super::report::Reporting;
@@ -28,7 +29,7 @@ use super::settings::{HTTP2_PING_TIMEOUT, HttpListener};
 use super::transport;
 use crate::drain::{Hold, InUse};
 use crate::metrics::SlowClient;
-use crate::server::body_timeout::IdleTimeout;
+use crate::server::body_timeout::{IdleTimeout, Pace};
 use crate::server::tls::Tls;
 
 /// One HTTP listener's server: its routes, its limits, where it reports.
@@ -73,12 +74,18 @@ impl HttpServer {
         };
         let opening = Opening::new(deadline, settings.header_read_timeout);
         let conn = Conn::new(accepted, opening, self.reporting.clone(), true);
-        let body_timeout = settings.body_read_timeout;
+        let activity = conn.activity();
+        let pace = Pace { pause: settings.body_read_timeout, min_rate: settings.body_min_rate };
         let app = self.app.clone();
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let request = request.map(|body| Body::new(IdleTimeout::new(body, body_timeout)));
+            // Busy from now until the answer's body is taken whole.
+            let busy = activity.begin();
+            let request = request.map(|body| Body::new(IdleTimeout::new(body, pace)));
             let mut app = app.clone();
-            async move { Ok::<_, Infallible>(app.call(request).await.unwrap_or_else(|never| match never {})) }
+            async move {
+                let answer = app.call(request).await.unwrap_or_else(|never| match never {});
+                Ok::<_, Infallible>(answer.map(|body| Body::new(Tracked::new(body, Some(busy)))))
+            }
         });
         let builder = self.builder();
         let connection = builder.serve_connection(TokioIo::new(conn), service);

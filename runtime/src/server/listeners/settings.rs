@@ -14,6 +14,22 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: f64 = 30.0;
 /// `client_body_timeout` is 60 s).
 pub const DEFAULT_BODY_READ_TIMEOUT_SECS: f64 = 30.0;
 
+/// `--http-body-min-rate`'s default, in bytes per second: a body slower
+/// than this on average, once it has been arriving for
+/// `--http-body-read-timeout`, is refused (a byte now and then, each pause
+/// shorter than the read timeout, would hold a request for ever).
+pub const DEFAULT_BODY_MIN_RATE: u64 = 1024;
+
+/// `--http-write-timeout`'s and `--grpc-write-timeout`'s default, in
+/// seconds: how long a client may read nothing of an answer.
+pub const DEFAULT_WRITE_TIMEOUT_SECS: f64 = 30.0;
+
+/// `--http-idle-timeout`'s and `--grpc-idle-timeout`'s default, in
+/// seconds: how long a connection may serve no request (gRPC's
+/// `MAX_CONNECTION_IDLE`; HTTP/1 keep-alive connections close sooner, at
+/// `--http-header-read-timeout`).
+pub const DEFAULT_IDLE_TIMEOUT_SECS: f64 = 300.0;
+
 /// How long an HTTP/2 connection of the HTTP port has to answer the
 /// server's ping before it is closed.
 pub const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
@@ -39,6 +55,16 @@ pub struct HttpListener {
     pub header_read_timeout: Duration,
     /// The longest pause within a request body (408 beyond).
     pub body_read_timeout: Duration,
+    /// The slowest a request body may arrive on average, in bytes per
+    /// second, once it has been arriving for `body_read_timeout` (408
+    /// below).
+    pub body_min_rate: u64,
+    /// How long a client may read nothing of an answer before its
+    /// connection is closed and the answer dropped.
+    pub write_timeout: Duration,
+    /// How long a connection may serve no request before it is closed
+    /// (HTTP/2 connections that only answer pings).
+    pub idle_timeout: Duration,
     /// Connections open at once; more are closed at accept.
     pub max_connections: usize,
     /// The certificate, key and (mutual TLS) client roots, when the
@@ -66,6 +92,12 @@ pub struct GrpcListener {
     pub max_connection_age_grace: Option<Duration>,
     /// Connections open at once; more are closed at accept.
     pub max_connections: usize,
+    /// How long a client may read nothing of an answer before its
+    /// connection is closed and the answer dropped.
+    pub write_timeout: Duration,
+    /// How long a connection may serve no call (one that only answers
+    /// pings) before it is closed.
+    pub idle_timeout: Duration,
     /// The certificate, key and (mutual TLS) client roots, when the
     /// listener speaks TLS (Triton's `--grpc-use-ssl`).
     pub tls: Option<TlsFiles>,

@@ -25,16 +25,6 @@ pub(super) enum Transport {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl Transport {
-    /// The TCP stream underneath.
-    pub(super) fn tcp(&self) -> &TcpStream {
-        match self {
-            Transport::Plain(tcp) => tcp,
-            Transport::Tls(tls) => tls.get_ref().0,
-        }
-    }
-}
-
 /// `accepted` as it will be served: over TLS when `tls` is set, once the
 /// handshake is done, which must be by `deadline`; `None` when the
 /// handshake failed or took longer (counted, and logged at debug level).
