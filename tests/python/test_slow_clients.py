@@ -236,15 +236,22 @@ def test_connections_over_the_limit_are_refused_at_once_and_metrics_still_answer
         for conn in held:
             conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
         wait_until("8 connections are open", lambda: open_connections(plinth, "http") == 8)
-        # Each excess connection gets its 503, also when its request
-        # arrives after the server has accepted and refused it.
-        for _ in range(30):
+        # Each excess connection gets its 503, also when its request (with
+        # a body) arrives only after the server has refused it: a close with
+        # the request still arriving would reset the connection and the
+        # 503 with it.
+        body = b"{" + b" " * 65536 + b"}"
+        for n in range(1, 11):
             with connect(plinth.url) as excess:
-                excess.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n\r\n")
+                wait_until("the connection is refused", lambda: refused(plinth, "http") == n)
+                try:
+                    excess.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: plinth\r\n"
+                                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
                 answer = read_until_closed(excess)
             assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
             assert b"retry-after: 1\r\n" in answer and b"maximum of connections" in answer, answer
-        assert refused(plinth, "http") == 30
         assert plinth.wait_for_log(r"refused \d+ connection\(s\) at accept: the listener holds its maximum of 8 "
                                    r"\(--http-max-connections\)")
         # The metrics port has a budget of its own.
