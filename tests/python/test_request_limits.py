@@ -164,8 +164,10 @@ def test_empty_strings_for_a_shape_they_do_not_fill_cost_twice_their_body_at_mos
 
 def test_requests_at_once_are_bounded_by_the_bodies_in_flight(strings_server):
     """Four such requests at once: at most 128 MiB of bodies are read and
-    decoded together, so the peak stays within twice that (it was 736 MiB
-    for four, unbounded in their number)."""
+    decoded together (two of these), each costing up to about three times
+    its body while decoded (the body as it arrived, gathered into one
+    buffer, its tensor), so the peak stays within 3.5 times the pool (it
+    was 736 MiB for four, unbounded in their number)."""
     answers = []
 
     def four():
@@ -178,7 +180,7 @@ def test_requests_at_once_are_bounded_by_the_bodies_in_flight(strings_server):
 
     grown = peak_since_reset(strings_server, four)
     assert sorted(status for status, _ in answers) == [400] * 4, [b[:200] for _, b in answers]
-    assert grown < 2.5 * (128 << 20), f"the peak rose {grown >> 20} MiB for four {4 * COUNT >> 20} MiB bodies"
+    assert grown < 3.5 * (128 << 20), f"the peak rose {grown >> 20} MiB for four {4 * COUNT >> 20} MiB bodies"
 
 
 def test_a_large_valid_request_gives_its_memory_back(strings_server):

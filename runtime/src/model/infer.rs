@@ -2,7 +2,7 @@
 //! or an ensemble's steps, and the outputs as requested.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use crate::backend::BackendKind;
 use crate::error::Error;
@@ -109,7 +109,7 @@ impl Model {
         let (outputs, timing) = match &*self.engine {
             Engine::Backends { batcher, .. } => {
                 let inputs = reshape::inputs(&self.signature, inputs);
-                let (span, submitted) = (options.trace.clone(), SystemTime::now());
+                let span = options.trace.clone();
                 let (outputs, timing) = match batcher {
                     Batcher::Dynamic(scheduler) => scheduler.submit(inputs, options).await?,
                     Batcher::Sequence(scheduler) => {
@@ -133,7 +133,7 @@ impl Model {
                     }
                 };
                 if let Some(span) = &span {
-                    traced::scheduled(span, submitted, &timing);
+                    traced::scheduled(span, &timing);
                 }
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }

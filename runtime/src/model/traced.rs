@@ -3,8 +3,6 @@
 //! and `compute` spans, recorded from the scheduler's [`Timing`] once the
 //! request is answered (the scheduler's threads never touch a span).
 
-use std::time::SystemTime;
-
 use opentelemetry::KeyValue;
 
 use super::Model;
@@ -34,10 +32,13 @@ pub(super) fn model_span(parent: &Span, model: &Model, options: &RequestOptions,
 }
 
 /// Records where a request's time went in the scheduler, as children of
-/// `span`: `queue` from `submitted`, then `compute` with `compute_input`,
-/// `compute_infer` and `compute_output` (Triton's phases), and Triton's
-/// events on both.
-pub(super) fn scheduled(span: &Span, submitted: SystemTime, timing: &Timing) {
+/// `span`: `queue` up to the execution's start, then `compute` with
+/// `compute_input`, `compute_infer` and `compute_output` (Triton's
+/// phases), and Triton's events on both. Anchored at the wall-clock time
+/// the execution began, so two executions' spans never seem to overlap
+/// when they did not.
+pub(super) fn scheduled(span: &Span, timing: &Timing) {
+    let submitted = timing.started.checked_sub(timing.queue).unwrap_or(timing.started);
     span.event_at("QUEUE_START", submitted);
     span.record("queue", submitted, timing.queue);
     let phases = [

@@ -25,7 +25,7 @@ pub mod sequence;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::oneshot;
@@ -48,12 +48,22 @@ type Reply = Result<(Vec<Tensor>, Timing), Error>;
 pub const INLINE_INFER: Duration = Duration::from_micros(100);
 
 /// Where one request's time went inside the scheduler.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Timing {
+    /// When the execution that ran it began (wall clock, for traces: the
+    /// queue ends and the compute phases start here).
+    pub started: SystemTime,
     /// Time in the queue.
     pub queue: Duration,
     /// The compute phases of the execution that ran it (shared by its batch).
     pub compute: Compute,
+}
+
+impl Default for Timing {
+    /// No time spent, at the Unix epoch.
+    fn default() -> Timing {
+        Timing { started: SystemTime::UNIX_EPOCH, queue: Duration::ZERO, compute: Compute::default() }
+    }
 }
 
 struct Job {
@@ -338,9 +348,10 @@ impl Shared {
         };
         drop(state);
         self.metrics.queued(Duration::ZERO);
+        let started = SystemTime::now();
         let answer = self.run_batch(&*slot.instance, vec![inputs], &[rows]).pop();
         let answer = answer.unwrap_or_else(|| Err(Error::Internal(format!("model '{}' gave no answer", self.model))));
-        Ok(answer.map(|(outputs, compute)| (outputs, Timing { queue: Duration::ZERO, compute })))
+        Ok(answer.map(|(outputs, compute)| (outputs, Timing { started, queue: Duration::ZERO, compute })))
     }
 
     /// Waits for the next batch; `None` once the scheduler is closed.
@@ -369,7 +380,7 @@ impl Shared {
 
     /// Runs one batch and sends each request its rows of the outputs.
     fn execute(&self, instance: &dyn Backend, batch: Vec<Entry<Job>>) {
-        let taken = Instant::now();
+        let (taken, started) = (Instant::now(), SystemTime::now());
         let rows: Vec<usize> = batch.iter().map(|e| e.rows).collect();
         let mut inputs = Vec::with_capacity(batch.len());
         let mut waiting = Vec::with_capacity(batch.len());
@@ -380,7 +391,7 @@ impl Shared {
             waiting.push((entry.job.reply, entry.enqueued, queue));
         }
         for ((reply, enqueued, queue), answer) in waiting.into_iter().zip(self.run_batch(instance, inputs, &rows)) {
-            let answer = answer.map(|(outputs, compute)| (outputs, Timing { queue, compute }));
+            let answer = answer.map(|(outputs, compute)| (outputs, Timing { started, queue, compute }));
             if reply.send(answer).is_err() {
                 // The client went away while its request ran.
                 self.metrics.finished(Err(FailureReason::Canceled), enqueued.elapsed());

@@ -170,13 +170,13 @@ async fn track_inference(State(service): State<Arc<Service>>, request: Request, 
     };
     // Reserved before the body is read, held until the answer: its length
     // where the connection knows it, else the most a body may be.
-    let body_bytes = http_body::Body::size_hint(request.body()).exact().unwrap_or(service.max_body_bytes as u64);
-    let _memory = match service.request_memory.reserve(body_bytes).await {
+    let length = http_body::Body::size_hint(request.body()).exact();
+    let _memory = match service.request_memory.reserve(length.unwrap_or(service.max_body_bytes as u64)).await {
         Ok(permit) => permit,
         Err(e) => return ApiError::from(e).into_response(),
     };
     let response = traced(&service, request, next).await;
-    service.request_memory.answered(body_bytes);
+    service.request_memory.answered(length.unwrap_or(0));
     response
 }
 

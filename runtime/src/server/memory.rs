@@ -30,27 +30,31 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
 /// trimmed once it is let go.
 pub const TRIM_AFTER_BYTES: u64 = 4 << 20;
 
+/// How long a trim waits after it is asked for: what else is let go
+/// meanwhile (the rest of a burst of large requests) is given back by the
+/// same trim, and trims run at most once per this.
+const TRIM_DELAY: Duration = Duration::from_secs(1);
+
 /// A trim is queued or running: more large requests meanwhile need none.
 static TRIMMING: AtomicBool = AtomicBool::new(false);
 
-/// Gives the allocator's free memory back to the system, on a blocking
-/// thread, unless a trim is already on its way: glibc keeps what a request
-/// freed in its arenas otherwise, and the process stays as large as its
-/// largest request. Call it after letting go of [`TRIM_AFTER_BYTES`] or
-/// more.
+/// Gives the allocator's free memory back to the system [`TRIM_DELAY`]
+/// from now, on a blocking thread, unless a trim is already on its way:
+/// glibc keeps what a request freed in its arenas otherwise, and the
+/// process stays as large as its largest request. Call it after letting go
+/// of [`TRIM_AFTER_BYTES`] or more.
 pub fn trim_soon() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     if TRIMMING.swap(true, Ordering::AcqRel) {
         return;
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    runtime.spawn(async {
+        tokio::time::sleep(TRIM_DELAY).await;
+        // Cleared first: what is let go while the trim runs asks for another.
         TRIMMING.store(false, Ordering::Release);
-        return;
-    };
-    runtime.spawn_blocking(|| {
         // SAFETY: malloc_trim has no preconditions; it only returns free
         // pages of the heap to the system.
-        unsafe { libc::malloc_trim(0) };
-        TRIMMING.store(false, Ordering::Release);
+        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
     });
 }
 

@@ -689,7 +689,7 @@ impl Shared {
     /// Runs one execution and answers each request in it; stores each
     /// sequence's next state and ends the sequences whose END ran.
     fn execute(&self, instance: &dyn Backend, rows: Vec<Row>) {
-        let taken = Instant::now();
+        let (taken, began) = (Instant::now(), std::time::SystemTime::now());
         for job in rows.iter().filter_map(|r| r.job.as_ref()) {
             self.metrics.queued(taken.duration_since(job.enqueued));
         }
@@ -719,7 +719,7 @@ impl Shared {
             let (Some(job), Some((id, serial))) = (row.job, row.sequence) else { continue };
             let reply = answer.map(|(outputs, next)| {
                 self.finished_row(&mut state, &id, serial, job.end, Some(next));
-                (outputs, Timing { queue: taken.duration_since(job.enqueued), compute })
+                (outputs, Timing { started: began, queue: taken.duration_since(job.enqueued), compute })
             });
             if reply.is_err() {
                 self.finished_row(&mut state, &id, serial, job.end, None);
