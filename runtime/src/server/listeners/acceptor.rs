@@ -361,13 +361,7 @@ mod tests {
     fn conn(accepted: Accepted, metrics: &Arc<Metrics>) -> Conn {
         let accepted = accepted.map(super::super::transport::Transport::Plain);
         let opening = Opening::new(Instant::now() + Duration::from_secs(600), Duration::from_secs(600));
-        let reporting = Reporting {
-            listener: Listener::Http,
-            metrics: metrics.clone(),
-            opening_flag: "--http-header-read-timeout",
-            write_timeout: (Duration::from_secs(600), "--http-write-timeout"),
-            idle_timeout: (Duration::from_secs(600), "--http-idle-timeout"),
-        };
+        let reporting = Reporting::patient(Listener::Http, metrics, "--http-header-read-timeout");
         Conn::new(accepted, opening, reporting, true)
     }
 

@@ -324,13 +324,7 @@ mod tests {
         let accepted =
             Accepted { stream: Transport::Plain(stream), fresh: fresh.hold(), open: InUse::default().hold(), at };
         let opening = Opening::new(at + Duration::from_secs(600), Duration::from_secs(600));
-        let reporting = Reporting {
-            listener: Listener::Http,
-            metrics: Arc::new(Metrics::new()),
-            opening_flag: "--http-header-read-timeout",
-            write_timeout: (Duration::from_secs(600), "--http-write-timeout"),
-            idle_timeout: (Duration::from_secs(600), "--http-idle-timeout"),
-        };
+        let reporting = Reporting::patient(Listener::Http, &Arc::new(Metrics::new()), "--http-header-read-timeout");
         (client, Conn::new(accepted, opening, reporting, explain), fresh)
     }
 
@@ -402,13 +396,7 @@ mod tests {
             at,
         };
         let metrics = Arc::new(Metrics::new());
-        let reporting = Reporting {
-            listener: Listener::Grpc,
-            metrics: metrics.clone(),
-            opening_flag: "--grpc-handshake-timeout",
-            write_timeout: (Duration::from_secs(600), "--grpc-write-timeout"),
-            idle_timeout: (Duration::from_secs(600), "--grpc-idle-timeout"),
-        };
+        let reporting = Reporting::patient(Listener::Grpc, &metrics, "--grpc-handshake-timeout");
         let mut conn = Conn::new(accepted, Opening::new(at, Duration::from_millis(1)), reporting, false);
         // Half an HTTP/2 preface, then nothing.
         client.write_all(b"PRI * HTTP/2.0\r\n").unwrap();

@@ -24,3 +24,19 @@ pub(super) struct Reporting {
     /// and the flag that sets it.
     pub idle_timeout: (Duration, &'static str),
 }
+
+#[cfg(test)]
+impl Reporting {
+    /// For the unit tests: `listener`'s, its opening held to `opening_flag`,
+    /// writes and idle time to ten minutes.
+    pub fn patient(listener: Listener, metrics: &Arc<Metrics>, opening_flag: &'static str) -> Reporting {
+        let ten_minutes = Duration::from_secs(600);
+        Reporting {
+            listener,
+            metrics: metrics.clone(),
+            opening_flag,
+            write_timeout: (ten_minutes, "--http-write-timeout"),
+            idle_timeout: (ten_minutes, "--http-idle-timeout"),
+        }
+    }
+}
