@@ -181,14 +181,14 @@ fn http_server(
 ) -> Result<HttpServer, String> {
     let metrics = service.lifecycle.metrics();
     let tls = start_tls(settings.tls.as_ref(), Alpn::Http, listener, metrics)?;
-    metrics.connections.start(listener, tls.is_some());
-    let reporting = Reporting {
+    let reporting = reporting(
         listener,
-        metrics: metrics.clone(),
-        opening_flag: "--http-header-read-timeout",
-        write_timeout: (settings.write_timeout, "--http-write-timeout"),
-        idle_timeout: (settings.idle_timeout, "--http-idle-timeout"),
-    };
+        metrics,
+        tls.is_some(),
+        "--http-header-read-timeout",
+        (settings.write_timeout, "--http-write-timeout"),
+        (settings.idle_timeout, "--http-idle-timeout"),
+    );
     Ok(HttpServer { app, settings: Arc::new(settings.clone()), reporting, tls })
 }
 
@@ -207,6 +207,21 @@ fn start_tls(
     let clients = if files.client_roots.is_some() { "; clients must present a certificate" } else { "" };
     tracing::info!(listener = listener.label(), "TLS with {}{clients}", files.cert.display());
     Ok(Some(tls))
+}
+
+/// Where the connections of `listener` report: their opening held to
+/// `opening_flag`, their writes and idle time to `write` and `idle` (each
+/// with the flag that sets it).
+fn reporting(
+    listener: Listener,
+    metrics: &Arc<Metrics>,
+    tls: bool,
+    opening_flag: &'static str,
+    write: (Duration, &'static str),
+    idle: (Duration, &'static str),
+) -> Reporting {
+    metrics.connections.start(listener, tls);
+    Reporting { listener, metrics: metrics.clone(), opening_flag, write_timeout: write, idle_timeout: idle }
 }
 
 /// Serves `server` on `listener`, at most its settings' connections at
@@ -265,14 +280,14 @@ async fn serve_grpc(
     });
     let metrics = service.lifecycle.metrics();
     let tls = start_tls(settings.tls.as_ref(), Alpn::Grpc, Listener::Grpc, metrics)?;
-    metrics.connections.start(Listener::Grpc, tls.is_some());
-    let reporting = Reporting {
-        listener: Listener::Grpc,
-        metrics: metrics.clone(),
-        opening_flag: "--grpc-handshake-timeout",
-        write_timeout: (settings.write_timeout, "--grpc-write-timeout"),
-        idle_timeout: (settings.idle_timeout, "--grpc-idle-timeout"),
-    };
+    let reporting = reporting(
+        Listener::Grpc,
+        metrics,
+        tls.is_some(),
+        "--grpc-handshake-timeout",
+        (settings.write_timeout, "--grpc-write-timeout"),
+        (settings.idle_timeout, "--grpc-idle-timeout"),
+    );
     let limit = Limit {
         max: settings.max_connections,
         flag: "--grpc-max-connections",
