@@ -12,6 +12,9 @@ module must be named in the layer list of the layout in LAYOUT_DOC. A
 module missing from LAYERS or the layout, an upward import and any cycle are
 errors; each is printed with the file and line that makes it.
 
+Some lower modules are barred to a module (BARRED): the server names no
+rollout type, since the lifecycle carries out a request's every step.
+
 One lock policy too: no file under runtime/src uses std's `Mutex` or
 `RwLock`, which a panic poisons (and then every later request that takes
 the lock fails); parking_lot's, which a panic cannot poison, are the rule.
@@ -36,6 +39,12 @@ LAYERS = [
     ["server"],
     ["cli", "fuzzing"],
 ]
+
+# Lower modules a module may not name although its layer allows it: the
+# server reaches rollouts only through the lifecycle, which carries out
+# every step of a request (lifecycle/serve.rs), so a front end cannot
+# route, shadow or count a request its own way.
+BARRED = {"server": {"rollout"}}
 
 # The page whose layout lists every module in its layer (README "Layout").
 LAYOUT_DOC = pathlib.Path("docs/architecture.md")
@@ -170,6 +179,8 @@ def main() -> int:
         where.setdefault((module, name), f"{file}:{number}")
         if module in rank and name in rank and rank[name] > rank[module]:
             problems.append(f"{file}:{number}: '{module}' imports '{name}', a higher layer")
+        if name in BARRED.get(module, ()):
+            problems.append(f"{file}:{number}: '{module}' names '{name}': it goes through the lifecycle")
     cycle = find_cycle(edges)
     if cycle:
         steps = [f"{a} -> {b} ({where[(a, b)]})" for a, b in zip(cycle, cycle[1:])]

@@ -29,6 +29,7 @@ mod request;
 mod rollout;
 mod runner;
 mod runtimes;
+mod serve;
 mod startup;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -36,11 +37,15 @@ pub(crate) mod testing;
 mod tests;
 
 pub use self::core::{GPU_SWAP_PARAMETER, PINNED_PARAMETER, SwapPolicy};
+/// What the rollout API answers: the lifecycle carries rollouts out, so
+/// the front ends reach them through it only.
+pub use crate::rollout::{Figures, Phase, RolloutStatus};
 pub use check::check_repository;
 pub use loader::{Loader, RuntimeLoader};
 pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 pub use request::{FILE_PREFIX, LoadRequest};
 pub use runtimes::LoadingOptions;
+pub use serve::{Accepted, Caller, Headers, InferCall, Inferred, NO_HEADERS};
 
 use std::sync::Arc;
 
@@ -248,7 +253,8 @@ impl Lifecycle {
         let plan = plan.map_err(|e| LoadError::Invalid(format!("failed to load '{name}': {e}")))?;
         self.core.load(name, request).await.map_err(|e| e.map_message(|m| format!("failed to load '{name}': {m}")))?;
         if let Some(plan) = plan {
-            self.start_rollout(name, plan)
+            self.core
+                .start_rollout(name, plan)
                 .map_err(|e| LoadError::Invalid(format!("loaded '{name}', but no rollout started: {e}")))?;
         }
         Ok(())

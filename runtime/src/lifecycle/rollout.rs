@@ -102,15 +102,18 @@ impl Core {
 }
 
 impl Lifecycle {
-    /// Starts a rollout of `name` to `plan.candidate` from `plan.serving`
-    /// (by default the highest READY version below the candidate),
-    /// replacing any earlier rollout of the model.
+    /// Starts a rollout of `name` with the JSON `plan` (`docs/rollouts.md`):
+    /// to `plan.candidate` from `plan.serving` (by default the highest
+    /// READY version below the candidate), replacing any earlier rollout
+    /// of the model.
     ///
     /// # Errors
-    /// [`Error::NotFound`] for an unknown model; [`Error::InvalidArgument`]
-    /// when the candidate or the serving version is not READY, there is no
-    /// READY version below the candidate to serve meanwhile.
-    pub fn start_rollout(&self, name: &str, plan: Plan) -> Result<RolloutStatus, Error> {
+    /// [`Error::InvalidArgument`] for a plan that does not parse, a
+    /// candidate or serving version that is not READY, or no READY version
+    /// below the candidate to serve meanwhile; [`Error::NotFound`] for an
+    /// unknown model.
+    pub fn start_rollout(&self, name: &str, plan: &[u8]) -> Result<RolloutStatus, Error> {
+        let plan = Plan::parse(plan).map_err(Error::InvalidArgument)?;
         self.core.start_rollout(name, plan)
     }
 
@@ -126,12 +129,15 @@ impl Lifecycle {
             .cancel(name, "cancelled through the API")
             .ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout in progress")))?;
         self.carry_out(name, transition);
-        self.rollout(name).ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout")))
+        self.rollout(name)
     }
 
     /// `name`'s rollout, in progress or finished.
-    pub fn rollout(&self, name: &str) -> Option<RolloutStatus> {
-        self.core.rollouts.status(name)
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when it has none.
+    pub fn rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
+        self.core.rollouts.status(name).ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout")))
     }
 
     /// Every model's rollout, by name.

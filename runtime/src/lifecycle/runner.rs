@@ -1,14 +1,12 @@
 //! The lifecycle as the [`ModelRunner`] of plugins' composed calls and
-//! ensemble steps: the callee is resolved as a client's request is
-//! (on-demand loading and residency apply, a rollout picks the version of
-//! a call that names none and counts its answer) and runs through its own
-//! scheduler and plugin; and the [`WarmUpRunner`] of a plugin's warm-up
-//! samples.
+//! ensemble steps: a call takes the path a client's request takes
+//! (`serve`), as [`Caller::Composed`]; and the [`WarmUpRunner`] of a
+//! plugin's warm-up samples.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::Lifecycle;
+use super::serve::{Caller, InferCall, NO_HEADERS};
 use crate::config::Signature;
 use crate::error::Error;
 use crate::model::{Model, OutputRequest};
@@ -29,17 +27,10 @@ impl ModelRunner for Lifecycle {
         options: RequestOptions,
     ) -> BoxFuture<Result<Vec<Tensor>, Error>> {
         Box::pin(async move {
-            // A sequence stays on one version, its id the sticky key; it
-            // takes no turn in the rollout's split by count.
-            let callee = match &options.sequence {
-                Some(_) => self.resolve(&model, version).await?,
-                None => self.route(&model, version, &|_| None).await?,
-            };
-            let callee = self.route_sequence(callee, version, options.sequence.as_ref()).await;
-            let started = Instant::now();
-            let result = infer_on(&callee, inputs, &outputs, options, self.clone()).await;
-            self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
-            result
+            let requested = outputs.iter().map(|name| OutputRequest::named(name)).collect();
+            let call = InferCall { tensors: inputs, requested, options };
+            let accepted = self.accept(&model, version, NO_HEADERS, Caller::Composed).await?;
+            Ok(accepted.infer(None, |_| Ok((call, ()))).await?.outputs)
         })
     }
 
@@ -58,11 +49,8 @@ impl ModelRunner for Lifecycle {
         trace: Option<Span>,
     ) -> BoxFuture<Result<RawResponse, Error>> {
         Box::pin(async move {
-            let callee = self.route(&model, version, &|_| None).await?;
-            let started = Instant::now();
-            let result = predict_on(&callee, request, chain, trace, self.clone()).await;
-            self.observe(&callee, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
-            result
+            let accepted = self.accept(&model, version, NO_HEADERS, Caller::Composed).await?;
+            Ok(accepted.predict(request, chain, trace).await?.1)
         })
     }
 }

@@ -21,7 +21,7 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
@@ -238,12 +238,14 @@ pub fn opts_in(model: &Model) -> bool {
 /// and the vectors in the requested encoding.
 pub async fn embeddings(
     State(service): State<Arc<Service>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiError> {
     let body = body.map_err(|e| OpenAiError::from(super::routes::rejected_body(&service, e)))?;
     let request = EmbeddingsRequest::parse(&body)?;
-    let model = service.model(&request.model, None).await?;
-    if !opts_in(&model) {
+    let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let accepted = service.accept(&request.model, None, &header).await?;
+    if !opts_in(accepted.model()) {
         return Err(OpenAiError::model_not_found(format!(
             "model '{}' does not serve embeddings: its config.pbtxt does not set the parameter '{EMBEDDINGS_PARAMETER}' to \"true\"",
             request.model
@@ -254,7 +256,7 @@ pub async fn embeddings(
         body: serde_json::to_vec(&json!({ "input": request.input })).expect("JSON values serialise"),
         parameters: Vec::new(),
     };
-    let (answer, _timing) = service.predict(&model, raw, None).await.map_err(|e| match e {
+    let (_, answer, _timing) = accepted.predict(raw, Vec::new(), None).await.map_err(|e| match e {
         // The model's own refusal (a bad input) is about `input`.
         Error::InvalidArgument(m) => OpenAiError::invalid("input", m),
         other => other.into(),

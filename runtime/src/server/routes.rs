@@ -14,9 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::error::ApiError;
-use super::service::{self, EXTENSIONS, InferCall, SERVER_NAME, Service};
+use super::service::{self, EXTENSIONS, SERVER_NAME, Service};
 use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces, RegionStatus};
 use crate::error::Error;
+use crate::lifecycle::{Accepted, InferCall, RolloutStatus};
 use crate::model::Model;
 use crate::plugin::RawRequest;
 use crate::protocol::binary::{self, HEADER_LENGTH, OutputForm};
@@ -25,7 +26,6 @@ use crate::protocol::parameters::{Front, Parameters};
 use crate::protocol::repository;
 use crate::protocol::request::RequestHead;
 use crate::registry::UNKNOWN_MODEL;
-use crate::rollout::RolloutStatus;
 use crate::scheduler::Timing;
 use crate::tensor::DataType;
 use crate::trace::{Span, Update};
@@ -61,12 +61,12 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelRef {
 }
 
 impl ModelRef {
-    /// The model to serve (where its rollout sends a request that names
-    /// no version, by `headers` when sticky); in on-demand mode this loads
-    /// it if needed.
-    async fn resolve(&self, service: &Service, headers: &HeaderMap) -> Result<Arc<Model>, Error> {
+    /// A client's inference request to this model, routed to the version
+    /// that serves it (see [`Service::accept`]; `headers` for a sticky
+    /// rollout).
+    async fn accept(&self, service: &Service, headers: &HeaderMap) -> Result<Accepted, Error> {
         let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        service.model_for_request(&self.name, self.version, &header).await
+        service.accept(&self.name, self.version, &header).await
     }
 }
 
@@ -115,11 +115,11 @@ pub async fn infer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&service, &headers).await?;
+    let accepted = model.accept(&service, &headers).await?;
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
-    let inferred = service
-        .infer(m, model.version, trace.map(|Extension(span)| span), |m| {
+    let inferred = accepted
+        .infer(trace.map(|Extension(span)| span), |m| {
             let reads = service.shared_memory.reads();
             let binary::Decoded { request, head, tensors } =
                 binary::decode(header_length, &body, (&m.name, &m.signature), &reads)?;
@@ -169,11 +169,11 @@ pub async fn predict(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let m = model.resolve(&service, &headers).await?;
+    let accepted = model.accept(&service, &headers).await?;
     let body = body.map_err(|e| rejected_body(&service, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
-    let (response, timing) = service.predict(&m, request, trace.map(|Extension(span)| span)).await?;
+    let (_, response, timing) = accepted.predict(request, Vec::new(), trace.map(|Extension(span)| span)).await?;
     let [queue, input, infer, output] = timing_entries(&timing.inference);
     let entries = [("preprocess", timing.preprocess), queue, input, infer, output, ("postprocess", timing.postprocess)];
     Ok((
@@ -272,7 +272,7 @@ pub async fn repository_index(
         request.ready
     };
     let mut rows = serde_json::to_value(service.repository_index(ready_only)).expect("index rows serialise");
-    mark_rollouts(&mut rows, &service.rollouts());
+    mark_rollouts(&mut rows, &service.lifecycle.rollouts());
     Ok(Json(rows))
 }
 
@@ -334,13 +334,13 @@ pub async fn start_rollout(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<RolloutStatus>> {
     let body = body.map_err(|e| rejected_body(&service, e))?;
-    Ok(Json(service.start_rollout(&name, &body)?))
+    Ok(Json(service.lifecycle.start_rollout(&name, &body)?))
 }
 
 /// `GET /v2/repository/models/{m}/rollout`: the model's rollout, in
 /// progress or finished; 404 when it has none.
 pub async fn rollout(State(service): State<Arc<Service>>, Path(name): Path<String>) -> ApiResult<Json<RolloutStatus>> {
-    Ok(Json(service.rollout(&name)?))
+    Ok(Json(service.lifecycle.rollout(&name)?))
 }
 
 /// `DELETE /v2/repository/models/{m}/rollout`: cancels the rollout in
@@ -350,7 +350,7 @@ pub async fn cancel_rollout(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<RolloutStatus>> {
-    Ok(Json(service.cancel_rollout(&name)?))
+    Ok(Json(service.lifecycle.cancel_rollout(&name)?))
 }
 
 /// The `parameters` of a repository request's optional JSON body (`what`

@@ -5,7 +5,6 @@
 //! protocol and these calls.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,21 +15,15 @@ use super::shared_memory::{OutputPlaces, SharedMemory};
 use crate::config::ModelConfig;
 use crate::drain::{Hold, InUse};
 use crate::error::Error;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Accepted, Caller, Headers, Lifecycle};
 use crate::metrics::ModelStatistics;
-use crate::model::{Model, OutputRequest, PredictTiming};
-use crate::plugin::{CallContext, ModelRunner, RawRequest, RawResponse};
+use crate::model::Model;
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::protocol::repository::LoadRequest;
-use crate::protocol::request::{RequestHead, RequestedOutput};
+use crate::protocol::request::RequestedOutput;
 use crate::registry::{IndexEntry, Registry, RepositoryState, UNKNOWN_MODEL};
-use crate::rollout::{Plan, RolloutStatus};
-use crate::scheduler::Timing;
-use crate::scheduler::policy::RequestOptions;
-use crate::scheduler::sequence::{Owner, SequenceRequest};
-use crate::tensor::{Tensor, TensorSpec};
+use crate::tensor::TensorSpec;
 use crate::trace::{Front, Span, Tracing, Update};
-use opentelemetry::KeyValue;
 
 /// The protocol extensions Plinth serves, as server metadata lists them
 /// (Triton's names): exactly those it implements.
@@ -90,36 +83,6 @@ pub struct Service {
     pub request_memory: super::memory::RequestMemory,
 }
 
-/// An inference request as a front end decoded it for its model.
-pub struct InferCall {
-    /// The inputs, in request order.
-    pub tensors: Vec<Tensor>,
-    /// The outputs asked for, in order; empty for all.
-    pub requested: Vec<OutputRequest>,
-    /// `priority`, `timeout` and the sequence parameters.
-    pub options: RequestOptions,
-}
-
-impl InferCall {
-    /// The call a decoded request makes: its inputs, its `head` (the
-    /// outputs it asks for and its parameters), the client's request `id`,
-    /// and the stream it came on, if any (which owns the sequences it
-    /// starts).
-    pub fn new(tensors: Vec<Tensor>, head: &RequestHead, id: Option<String>, stream: Option<Owner>) -> InferCall {
-        let requested = head
-            .outputs
-            .iter()
-            .map(|o| OutputRequest { name: o.name.clone(), classification: o.classification })
-            .collect();
-        let p = &head.parameters;
-        let sequence =
-            p.sequence.clone().map(|s| SequenceRequest { id: s.id.into(), start: s.start, end: s.end, owner: stream });
-        let options =
-            RequestOptions { priority: p.priority, timeout_us: p.timeout_us, sequence, request_id: id, trace: None };
-        InferCall { tensors, requested, options }
-    }
-}
-
 /// Where the requested outputs that name a shared memory region go, each
 /// checked against its region now, before the model runs.
 ///
@@ -134,18 +97,6 @@ pub fn output_places(service: &Service, outputs: &[RequestedOutput]) -> Result<O
         }
     }
     Ok(places)
-}
-
-/// What an inference returned.
-pub struct Inferred<T> {
-    /// The version that answered.
-    pub model: Arc<Model>,
-    /// The outputs asked for.
-    pub outputs: Vec<Tensor>,
-    /// Where its time went.
-    pub timing: Timing,
-    /// What the front end's decoder kept of the request.
-    pub request: T,
 }
 
 impl Service {
@@ -216,20 +167,17 @@ impl Service {
         self.lifecycle.resolve(name, version).await
     }
 
-    /// The model an inference request for `name` (and `version`) reaches:
-    /// as [`Service::model`], but a request that names no version goes
-    /// where the model's rollout sends it (`header` looks up the request's
-    /// headers or gRPC metadata, for a sticky rollout).
+    /// A client's inference request for `name` (and `version`), routed
+    /// to the version that serves it (where its rollout sends a request
+    /// that names no version, by `headers` when sticky); in on-demand mode
+    /// this loads it if needed. The front end then reads the request for
+    /// that version and runs it ([`Accepted::infer`],
+    /// [`Accepted::predict`]).
     ///
     /// # Errors
     /// As [`Lifecycle::resolve`].
-    pub async fn model_for_request(
-        &self,
-        name: &str,
-        version: Option<u64>,
-        header: &(dyn Fn(&str) -> Option<String> + Sync),
-    ) -> Result<Arc<Model>, Error> {
-        self.lifecycle.route(name, version, header).await
+    pub async fn accept(&self, name: &str, version: Option<u64>, headers: Headers<'_>) -> Result<Accepted, Error> {
+        self.lifecycle.accept(name, version, headers, Caller::Client).await
     }
 
     /// Model readiness (`/v2/models/{m}/ready`, `ModelReady`): whether the
@@ -304,40 +252,6 @@ impl Service {
         rows.into_iter().filter(|r| !ready_only || r.state == RepositoryState::Ready).collect()
     }
 
-    /// Starts a rollout of `name` with the JSON `plan` (in any control
-    /// mode: both versions must be READY).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a plan that does not parse or
-    /// versions that are not READY; [`Error::NotFound`] for an unknown
-    /// model.
-    pub fn start_rollout(&self, name: &str, plan: &[u8]) -> Result<RolloutStatus, Error> {
-        let plan = Plan::parse(plan).map_err(Error::InvalidArgument)?;
-        self.lifecycle.start_rollout(name, plan)
-    }
-
-    /// `name`'s rollout, in progress or finished.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] when it has none.
-    pub fn rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
-        self.lifecycle.rollout(name).ok_or_else(|| Error::NotFound(format!("model '{name}' has no rollout")))
-    }
-
-    /// Every model's rollout.
-    pub fn rollouts(&self) -> Vec<RolloutStatus> {
-        self.lifecycle.rollouts()
-    }
-
-    /// Cancels `name`'s rollout in progress: the serving version takes
-    /// every request back.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] when it has none in progress.
-    pub fn cancel_rollout(&self, name: &str) -> Result<RolloutStatus, Error> {
-        self.lifecycle.cancel_rollout(name)
-    }
-
     /// The repository extension's `load`: loads the model, or reloads what
     /// changed, with the request's `config` and `file:` overrides.
     ///
@@ -410,90 +324,6 @@ impl Service {
         tracestate: Option<&str>,
     ) -> Option<Span> {
         self.tracing.as_ref()?.start(model, front, traceparent, tracestate)
-    }
-
-    /// Runs an inference request on `model` (resolved with
-    /// [`Service::model_for_request`]; `named` is the version the request
-    /// named, if any): `decode` reads the request for it (a raw body needs
-    /// its signature) and returns the call and what the front end keeps
-    /// for the answer. A request refused in decoding counts as a failure
-    /// of the model. A sequence's request that names no version goes to
-    /// the version of the model's rollout that its sequence id picks, so
-    /// that one sequence meets one version.
-    ///
-    /// # Errors
-    /// `decode`'s error, and [`Model::infer`]'s.
-    pub async fn infer<T>(
-        &self,
-        model: Arc<Model>,
-        named: Option<u64>,
-        trace: Option<Span>,
-        decode: impl FnOnce(&Model) -> Result<(InferCall, T), Error>,
-    ) -> Result<Inferred<T>, Error> {
-        tracing::debug!(model = %model.name, version = model.version, "infer: accepted");
-        let (mut call, request) = decode(&model).map_err(|e| model.refused(e))?;
-        let model = self.lifecycle.route_sequence(model, named, call.options.sequence.as_ref()).await;
-        if let (Some(span), Some(id)) = (&trace, &call.options.request_id) {
-            span.set(KeyValue::new("request_id", id.clone()));
-        }
-        call.options.trace = trace;
-        if call.options.sequence.is_some() && !model.takes_sequences() {
-            return Err(model.refused(Error::InvalidArgument(format!(
-                "model '{}' has no sequence_batching: the request parameters 'sequence_id', 'sequence_start' and 'sequence_end' are for sequence models",
-                model.name
-            ))));
-        }
-        // A sequence's requests carry state: they are never shadowed.
-        let shadow = if call.options.sequence.is_none() { self.lifecycle.shadow_ticket(&model) } else { None };
-        let copy = shadow.as_ref().map(|_| (call.tensors.clone(), call.requested.clone()));
-        if let (Some(_), Some(span)) = (&shadow, &call.options.trace) {
-            span.set(KeyValue::new("plinth.rollout.shadowed", true));
-        }
-        let runner: Arc<dyn ModelRunner> = self.lifecycle.clone();
-        let started = Instant::now();
-        let result = model.infer(call.tensors, &call.requested, call.options, &runner).await;
-        self.lifecycle.observe(&model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
-        match (shadow, copy, &result) {
-            (Some(ticket), Some((inputs, requested)), Ok((outputs, _))) => {
-                self.lifecycle.shadow_infer(ticket, inputs, requested, outputs.clone());
-            }
-            (Some(ticket), _, _) => self.lifecycle.release_shadow(&ticket),
-            _ => {}
-        }
-        let (outputs, timing) = result?;
-        Ok(Inferred { model, outputs, timing, request })
-    }
-
-    /// Sends a raw request through `model`'s plugin and model (`/predict`);
-    /// the plugin's composed calls reach other models through the
-    /// lifecycle. `trace` is the request's root span, when it is traced.
-    ///
-    /// # Errors
-    /// As [`Model::predict`].
-    pub async fn predict(
-        &self,
-        model: &Model,
-        request: RawRequest,
-        trace: Option<Span>,
-    ) -> Result<(RawResponse, PredictTiming), Error> {
-        tracing::debug!(model = %model.name, version = model.version, "predict: accepted");
-        let shadow = self.lifecycle.shadow_ticket(model);
-        let copy = shadow.as_ref().map(|_| request.clone());
-        if let (Some(_), Some(span)) = (&shadow, &trace) {
-            span.set(KeyValue::new("plinth.rollout.shadowed", true));
-        }
-        let context = CallContext { runner: self.lifecycle.clone(), chain: Vec::new(), sequence: None, trace };
-        let started = Instant::now();
-        let result = model.predict_within(request, context).await;
-        self.lifecycle.observe(model, started.elapsed(), result.as_ref().is_err_and(Error::is_server_side));
-        match (shadow, copy, &result) {
-            (Some(ticket), Some(request), Ok((response, _))) => {
-                self.lifecycle.shadow_predict(ticket, request, response.clone());
-            }
-            (Some(ticket), _, _) => self.lifecycle.release_shadow(&ticket),
-            _ => {}
-        }
-        result
     }
 }
 

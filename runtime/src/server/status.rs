@@ -30,10 +30,10 @@ use parking_lot::Mutex;
 use super::Service;
 use super::restrictions::Api;
 use crate::lifecycle::ControlMode;
+use crate::lifecycle::RolloutStatus;
 use crate::metrics::LiveCounts;
 use crate::registry::RepositoryState;
 use crate::residency::human;
-use crate::rollout::RolloutStatus;
 
 /// How often the counters are sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -113,7 +113,7 @@ struct RolloutRow {
 
 impl RolloutRow {
     fn of(r: &RolloutStatus) -> RolloutRow {
-        let side = |f: &crate::rollout::Figures| {
+        let side = |f: &crate::lifecycle::Figures| {
             format!("{} requests, {} failed, p99 {:.2} ms", f.requests, f.failures, f.p99_us as f64 / 1000.0)
         };
         RolloutRow {
@@ -123,7 +123,7 @@ impl RolloutRow {
             step: format!("{} of {}", r.step, r.steps),
             percent: format!("{}", r.percent),
             candidate: match &r.shadow {
-                Some(s) if r.phase == crate::rollout::Phase::Shadow => {
+                Some(s) if r.phase == crate::lifecycle::Phase::Shadow => {
                     format!("shadow: {} compared, {} differed, {} dropped", s.compared, s.disagreed, s.dropped)
                 }
                 _ => side(&r.candidate_window),
@@ -230,7 +230,7 @@ fn build(service: &Service, shown: Shown, hidden: Vec<String>) -> Page {
         })
         .collect();
     let budget = service.lifecycle.limits().budget.bytes;
-    let rollouts = if shown.repository { service.rollouts() } else { Vec::new() };
+    let rollouts = if shown.repository { service.lifecycle.rollouts() } else { Vec::new() };
     Page {
         version: env!("CARGO_PKG_VERSION"),
         shown,

@@ -8,9 +8,10 @@ use tonic::metadata::MetadataMap;
 use tracing::Instrument;
 
 use crate::error::Error;
+use crate::lifecycle::InferCall;
 use crate::protocol::grpc::{self as codec, OutputPlace, proto as pb};
 use crate::scheduler::sequence::Owner;
-use crate::server::service::{self, InferCall, Service};
+use crate::server::service::{self, Service};
 use crate::trace::{Front, Span};
 
 /// An empty version field means "the server's choice".
@@ -81,11 +82,11 @@ async fn infer(
 ) -> Result<pb::ModelInferResponse, Status> {
     let header = |key: &str| headers.metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let named = version(&r.model_version)?;
-    let m = service.model_for_request(&r.model_name, named, &header).await?;
+    let accepted = service.accept(&r.model_name, named, &header).await?;
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let id = (!r.id.is_empty()).then(|| r.id.clone());
-    let inferred = service
-        .infer(m, named, trace, |m| {
+    let inferred = accepted
+        .infer(trace, |m| {
             let reads = service.shared_memory.reads();
             let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &reads)?;
             let places = service::output_places(service, &decoded.head.outputs)?;
