@@ -7,13 +7,13 @@
 //!
 //! # A worked example
 //!
-//! A sentiment model takes token ids `[batch, 16]` INT64 and returns logits
+//! A sentiment model takes token ids `[batch, 16]` INT64 and returns `logits`
 //! `[batch, 2]`. Its plugin turns a JSON body `{"text": "..."}` into ids with
 //! a vocabulary file shipped in the version folder, and the logits into
 //! `{"label": "positive", "score": 0.93}`:
 //!
-//! ```ignore
-//! use plinth_plugin_sdk::{export_plugin, Error, ModelInfo, Plugin, Request, Response, Tensor};
+//! ```no_run
+//! use plinth_plugin_sdk::{export_plugin, find_output, Error, ModelInfo, Plugin, Request, Response, Tensor};
 //!
 //! const LENGTH: usize = 16;
 //!
@@ -48,7 +48,7 @@
 //!     }
 //!
 //!     fn postprocess(&mut self, _req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
-//!         let logits = outputs[0].to_vec::<f32>()?;
+//!         let logits = find_output(&outputs, "logits")?.to_vec::<f32>()?;
 //!         let positive = 1.0 / (1.0 + (logits[0] - logits[1]).exp());
 //!         let (label, score) = if positive >= 0.5 { ("positive", positive) } else { ("negative", 1.0 - positive) };
 //!         Ok(Response::json(&serde_json::json!({ "label": label, "score": score })))
@@ -245,43 +245,45 @@ fn lookup<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
+/// The tensor called `name` among a model's `outputs` (what
+/// [`Plugin::postprocess`] receives, in any order).
+///
+/// # Errors
+/// [`Error::Internal`] naming the output when the model returned none by
+/// that name: the plugin and the model's configuration disagree, which is
+/// no fault of the client's.
+pub fn find_output<'a>(outputs: &'a [Tensor], name: &str) -> Result<&'a Tensor, Error> {
+    outputs
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| Error::internal(format!("the model returned no output '{name}'")))
+}
+
 /// Registers `$ty` (an implementation of [`Plugin`]) as the component's
-/// exports. Use it once per plugin crate.
+/// exports: the host's `init` constructs it, its `preprocess` and
+/// `postprocess` calls reach that value. Use it once per plugin crate.
 #[macro_export]
 macro_rules! export_plugin {
     ($ty:ty) => {
         const _: () = {
-            ::std::thread_local! {
-                static STATE: ::std::cell::RefCell<::std::option::Option<$ty>> =
-                    const { ::std::cell::RefCell::new(::std::option::Option::None) };
-            }
-
             struct Export;
 
             impl $crate::__private::Guest for Export {
                 fn init(info: $crate::ModelInfo) -> ::std::result::Result<(), $crate::Error> {
-                    let plugin = <$ty as $crate::Plugin>::init(&info)?;
-                    STATE.with(|s| *s.borrow_mut() = ::std::option::Option::Some(plugin));
-                    ::std::result::Result::Ok(())
+                    $crate::__private::init::<$ty>(&info)
                 }
 
                 fn preprocess(
                     req: $crate::Request,
                 ) -> ::std::result::Result<::std::vec::Vec<$crate::Tensor>, $crate::Error> {
-                    STATE.with(|s| match s.borrow_mut().as_mut() {
-                        ::std::option::Option::Some(p) => $crate::Plugin::preprocess(p, &req),
-                        ::std::option::Option::None => ::std::result::Result::Err($crate::__private::not_initialised()),
-                    })
+                    $crate::__private::preprocess(&req)
                 }
 
                 fn postprocess(
                     req: $crate::Request,
                     outputs: ::std::vec::Vec<$crate::Tensor>,
                 ) -> ::std::result::Result<$crate::Response, $crate::Error> {
-                    STATE.with(|s| match s.borrow_mut().as_mut() {
-                        ::std::option::Option::Some(p) => $crate::Plugin::postprocess(p, &req, outputs),
-                        ::std::option::Option::None => ::std::result::Result::Err($crate::__private::not_initialised()),
-                    })
+                    $crate::__private::postprocess(&req, outputs)
                 }
             }
 
@@ -297,13 +299,60 @@ macro_rules! export_plugin {
     };
 }
 
+/// The glue between the generated exports and a [`Plugin`], kept here so
+/// that [`export_plugin!`] only names the plugin's type.
 #[doc(hidden)]
 pub mod __private {
+    use std::cell::RefCell;
+
     pub use crate::bindings;
     pub use crate::bindings::exports::plinth::plugin::handler::Guest;
+    use crate::{Error, ModelInfo, Plugin, Request, Response, Tensor};
     pub use wit_bindgen;
 
-    pub fn not_initialised() -> crate::Error {
-        crate::Error::internal("the host called the plugin before init")
+    /// The two stages of any plugin type, so one slot can hold it.
+    trait Stages {
+        fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error>;
+        fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error>;
+    }
+
+    impl<P: Plugin> Stages for P {
+        fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error> {
+            Plugin::preprocess(self, req)
+        }
+
+        fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
+            Plugin::postprocess(self, req, outputs)
+        }
+    }
+
+    // A component instance is single-threaded: the host calls `init` once,
+    // then the stages, one at a time.
+    thread_local! {
+        static PLUGIN: RefCell<Option<Box<dyn Stages>>> = const { RefCell::new(None) };
+    }
+
+    /// The host's `init`: constructs the plugin for this instance.
+    pub fn init<P: Plugin + 'static>(info: &ModelInfo) -> Result<(), Error> {
+        let plugin = P::init(info)?;
+        PLUGIN.with(|slot| *slot.borrow_mut() = Some(Box::new(plugin)));
+        Ok(())
+    }
+
+    /// The host's `preprocess`, on the plugin `init` made.
+    pub fn preprocess(req: &Request) -> Result<Vec<Tensor>, Error> {
+        with_plugin(|p| p.preprocess(req))
+    }
+
+    /// The host's `postprocess`, on the plugin `init` made.
+    pub fn postprocess(req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
+        with_plugin(|p| p.postprocess(req, outputs))
+    }
+
+    fn with_plugin<T>(call: impl FnOnce(&mut dyn Stages) -> Result<T, Error>) -> Result<T, Error> {
+        PLUGIN.with(|slot| match slot.borrow_mut().as_deref_mut() {
+            Some(plugin) => call(plugin),
+            None => Err(Error::internal("the host called the plugin before init")),
+        })
     }
 }

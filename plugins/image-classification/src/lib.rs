@@ -13,7 +13,7 @@
 
 use plinth_plugin_sdk::imaging::image::imageops::{self, FilterType};
 use plinth_plugin_sdk::imaging::{ChannelOrder, decode_rgb, to_chw};
-use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
+use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, find_output};
 
 /// The short side after resizing, and the side of the centre crop.
 const RESIZE: u32 = 256;
@@ -93,11 +93,7 @@ impl Plugin for ImageClassification {
                     Error::bad_input(format!("top_k must be a whole number of at least 1, got '{v}'"))
                 })?,
             };
-        let logits = outputs
-            .iter()
-            .find(|t| t.name == self.output)
-            .ok_or_else(|| Error::internal(format!("the model returned no output '{}'", self.output)))?
-            .to_vec::<f32>()?;
+        let logits = find_output(&outputs, &self.output)?.to_vec::<f32>()?;
         if logits.len() != self.labels.len() {
             return Err(Error::internal(format!(
                 "the model returned {} logits for {} categories",

@@ -14,7 +14,7 @@ mod detect;
 
 use plinth_plugin_sdk::imaging::image::{self, RgbImage, imageops};
 use plinth_plugin_sdk::imaging::{ChannelOrder, decode_rgb, to_chw};
-use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
+use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, find_output};
 
 use detect::{Region, Size};
 
@@ -64,10 +64,7 @@ impl Plugin for Ocr {
     }
 
     fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
-        let map = outputs
-            .iter()
-            .find(|t| t.name == self.output)
-            .ok_or_else(|| Error::internal(format!("the detector returned no output '{}'", self.output)))?;
+        let map = find_output(&outputs, &self.output)?;
         let [.., h, w] = map.shape[..] else {
             return Err(Error::internal(format!("the detector's map has shape {:?}", map.shape)));
         };

@@ -15,7 +15,9 @@
 //! model to run first) and `labels` (a file in the version folder, one class
 //! name per line, in the order of the head's output).
 
-use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, predict};
+use plinth_plugin_sdk::{
+    Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, find_output, predict,
+};
 
 /// Where the host mounts the version folder.
 const MODEL_DIR: &str = "/model";
@@ -88,11 +90,7 @@ impl Plugin for TextClassification {
     }
 
     fn postprocess(&mut self, _req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
-        let probabilities = outputs
-            .iter()
-            .find(|t| t.name == self.output)
-            .ok_or_else(|| Error::internal(format!("the head returned no output '{}'", self.output)))?
-            .to_vec::<f32>()?;
+        let probabilities = find_output(&outputs, &self.output)?.to_vec::<f32>()?;
         if probabilities.len() != self.labels.len() {
             return Err(Error::internal(format!(
                 "the head returned {} probabilities for {} labels",

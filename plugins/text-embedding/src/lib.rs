@@ -29,7 +29,7 @@ pub mod encode;
 pub mod input;
 pub mod pooling;
 
-use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
+use plinth_plugin_sdk::{Datatype, Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, find_output};
 
 use encode::{Batch, Encoder};
 
@@ -109,10 +109,7 @@ impl Plugin for TextEmbedding {
         // preprocess made: the attention mask comes from tokenizing again.
         let texts = input::texts(req)?;
         let batch = self.encoder.encode(&texts)?;
-        let hidden = outputs
-            .iter()
-            .find(|t| t.name == self.output)
-            .ok_or_else(|| Error::internal(format!("the model returned no output '{}'", self.output)))?;
+        let hidden = find_output(&outputs, &self.output)?;
         let width = match hidden.shape[..] {
             [rows, length, width] if rows as usize == batch.rows && length as usize == batch.length => width as usize,
             _ => {

@@ -14,7 +14,7 @@
 //! probability; `probabilities=true` adds each window's speech probability
 //! (`"probabilities": [...]`, one per window, in order).
 
-use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
+use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin, find_output};
 
 /// Speech lasting less than this is ignored (`min_speech_duration_ms`).
 const MIN_SPEECH_MS: u64 = 250;
@@ -152,9 +152,7 @@ fn model_inputs(audio: &Audio, i: usize) -> Vec<Tensor> {
 
 /// The speech probability of one window.
 fn read_probability(outputs: &[Tensor]) -> Result<f32, Error> {
-    let output =
-        outputs.iter().find(|t| t.name == "output").ok_or_else(|| Error::internal("the model returned no 'output'"))?;
-    output.to_vec::<f32>()?.first().copied().ok_or_else(|| Error::internal("empty 'output'"))
+    find_output(outputs, "output")?.to_vec::<f32>()?.first().copied().ok_or_else(|| Error::internal("empty 'output'"))
 }
 
 /// Speech segments as sample ranges, from one probability per window:
