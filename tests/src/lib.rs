@@ -223,12 +223,17 @@ impl Server {
     }
 
     /// The value of the Prometheus sample `series` (e.g.
-    /// `plinth_model_loads_total{model="a"}`); 0 when absent.
+    /// `plinth_model_loads_total{model="a"}`).
+    ///
+    /// # Panics
+    /// When `/metrics` has no such series: a renamed or dropped metric
+    /// fails the test instead of reading as 0.
     pub fn metric(&self, series: &str) -> f64 {
         let text = self.metrics_text();
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-            .map_or(0.0, |v| v.trim().parse().unwrap())
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or_else(|| panic!("/metrics has no series {series}"))
     }
 
     /// The process's resident memory in bytes (`VmRSS` in /proc/PID/status).

@@ -11,6 +11,10 @@ use parking_lot::{Condvar, Mutex};
 use super::{Backend, BackendError, BackendKind, ModelIo};
 use crate::tensor::{DataType, Tensor};
 
+/// How long a unit test waits for an event before it fails: far above
+/// any wait of working code on a loaded machine, far below CI's limit.
+pub const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Holds executions until the test opens it; counts who waits.
 #[derive(Default)]
 pub struct Gate {
@@ -31,10 +35,17 @@ impl Gate {
     }
 
     /// Blocks until `n` executions wait at the gate.
+    ///
+    /// # Panics
+    /// After [`HANG_GUARD`] without them: the code under test lost an
+    /// execution, and the test fails instead of hanging `cargo test`.
     pub fn wait_for_waiters(&self, n: usize) {
+        let deadline = std::time::Instant::now() + HANG_GUARD;
         let mut state = self.state.lock();
         while state.1 < n {
-            self.changed.wait(&mut state);
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                panic!("{} of {n} executions reached the gate within {HANG_GUARD:?}", state.1);
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::*;
+use crate::backend::fake::HANG_GUARD;
 
 fn cpu(resources: &[(&str, bool, u32)], priority: u32) -> InstanceLimits {
     on(Device::Cpu, resources, priority)
@@ -126,7 +127,7 @@ fn an_instance_that_lists_no_resources_is_not_limited() {
     );
     assert_eq!(ran.load(Ordering::SeqCst), 1, "ran while the others wait");
     drop(held);
-    waiting.join().unwrap();
+    join_within_guard(waiting);
 }
 
 /// The turns `turns` executions give each of instances (one copy of a
@@ -255,5 +256,16 @@ fn a_staged_instance_that_leaves_lets_the_next_one_go() {
     drop(running);
     // `first` is ahead of b's instance and never waits: leaving lets b run.
     drop(first);
-    waiting.join().unwrap();
+    join_within_guard(waiting);
+}
+
+/// Joins `thread`, failing the test if it is still running after
+/// [`HANG_GUARD`] (a lost wake-up would otherwise hang `cargo test`).
+fn join_within_guard(thread: std::thread::JoinHandle<()>) {
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while !thread.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the waiting thread did not finish within {HANG_GUARD:?}");
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    thread.join().unwrap();
 }

@@ -73,6 +73,10 @@ impl Backend for Accumulator {
         let get = |name: &str| ints(inputs.iter().find(|t| t.name == name).expect("every input is given"));
         let (input, state, start, ready) = (get("INPUT"), get("INPUT_STATE"), get("START"), get("READY"));
         self.ready.lock().push(ready.clone());
+        // As a framework refuses an input it cannot process.
+        if input.contains(&-1) {
+            return Err(BackendError::InvalidInput("-1 is not a number this model takes".into()));
+        }
         let out: Vec<i32> =
             (0..input.len()).map(|r| input[r] + if ready[r] == 1 && start[r] == 0 { state[r] } else { 0 }).collect();
         Ok(vec![int_tensor("OUTPUT", &out), int_tensor("OUTPUT_STATE", &out)])
@@ -140,6 +144,20 @@ impl Fixture {
             assert!(Instant::now() < deadline, "{} queued, not {n}", self.metrics.pending().get());
             std::thread::yield_now();
         }
+    }
+}
+
+/// docs/scheduling.md: a failed request leaves its sequence's implicit
+/// state as it was, and the sequence goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_leaves_the_sequence_s_state_as_it_was() {
+    for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
+        let f = fixture(2, strategy, None);
+        assert_eq!(f.run(1, 10, "start").await, Ok(10));
+        assert!(f.run(1, -1, "").await.is_err(), "{strategy}: the model refuses -1");
+        assert_eq!(f.run(1, 1, "").await, Ok(11), "{strategy}: the state is still 10");
+        assert_eq!(f.run(1, 2, "end").await, Ok(13), "{strategy}");
+        f.wait_for_active(0);
     }
 }
 
