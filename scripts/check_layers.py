@@ -12,6 +12,9 @@ module must be named in the layer list of the layout in LAYOUT_DOC. A
 module missing from LAYERS or the layout, an upward import and any cycle are
 errors; each is printed with the file and line that makes it.
 
+A backend is named by its kind (`BackendKind::Pytorch`) only in
+`backend/` and `config/backends.rs`: the rest asks the backend's Framework.
+
 Some lower modules are barred to a module (BARRED): the server names no
 rollout type, since the lifecycle carries out a request's every step.
 
@@ -163,6 +166,25 @@ def poisonable_locks(src: pathlib.Path) -> list[str]:
     return found
 
 
+# A backend named by its kind (`BackendKind::Pytorch`): only the backends'
+# folder and the list of Triton's names may, so a new backend is one file
+# plus one list entry, with no dispatch on the kind elsewhere.
+KIND_VARIANT = re.compile(r"\bBackendKind::[A-Z]")
+KIND_HOMES = ("backend/", "config/backends.rs")
+
+
+def kind_dispatch(src: pathlib.Path) -> list[str]:
+    """Every line outside KIND_HOMES that names a backend by its kind."""
+    found = []
+    for file in sorted(src.rglob("*.rs")):
+        if str(file.relative_to(src)).startswith(KIND_HOMES):
+            continue
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if KIND_VARIANT.search(line.split("//", 1)[0]):
+                found.append(f"{file}:{number}: a backend named by its kind outside backend/: ask its Framework")
+    return found
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "runtime/src")
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -188,6 +210,7 @@ def main() -> int:
     if cycle := file_cycle(src):
         problems.append(cycle)
     problems += poisonable_locks(src)
+    problems += kind_dispatch(src)
     doc = src.parents[1] / LAYOUT_DOC
     listed = layout_names(doc)
     for m in sorted(modules - listed):

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{Backend, BackendError, BackendKind, ModelIo};
+use super::{Backend, BackendError, Description, ModelIo};
 use crate::tensor::{DataType, Tensor};
 
 /// How long a unit test waits for an event before it fails: far above
@@ -63,7 +63,7 @@ impl Gate {
 
 /// The doubling backend.
 pub struct Doubler {
-    io: (Vec<ModelIo>, Vec<ModelIo>),
+    description: Description,
     gate: Option<Arc<Gate>>,
     /// The rows of each execution, in order.
     pub executions: Mutex<Vec<usize>>,
@@ -80,7 +80,8 @@ impl Doubler {
             type_name: "FP32".into(),
             shape: vec![-1, 1],
         };
-        Doubler { io: (vec![io("x")], vec![io("y")]), gate, executions: Mutex::default(), threads: Mutex::default() }
+        let description = Description::of_test(vec![io("x")], vec![io("y")]);
+        Doubler { description, gate, executions: Mutex::default(), threads: Mutex::default() }
     }
 
     /// One request's input: `values` as `x` of shape `[rows, 1]`.
@@ -107,28 +108,8 @@ impl Default for Doubler {
 }
 
 impl Backend for Doubler {
-    fn platform(&self) -> &str {
-        "onnxruntime_onnx"
-    }
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::OnnxRuntime
-    }
-
-    fn inputs(&self) -> &[ModelIo] {
-        &self.io.0
-    }
-
-    fn outputs(&self) -> &[ModelIo] {
-        &self.io.1
-    }
-
-    fn metadata(&self) -> &[(String, String)] {
-        &[]
-    }
-
-    fn resident_bytes(&self) -> u64 {
-        0
+    fn description(&self) -> &Description {
+        &self.description
     }
 
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
@@ -144,5 +125,20 @@ impl Backend for Doubler {
         }
         let data = values.iter().flat_map(|v| (2.0 * v).to_le_bytes()).collect();
         Ok(vec![Tensor { name: "y".into(), datatype: DataType::Fp32, shape: x.shape.clone(), data }])
+    }
+}
+
+impl Description {
+    /// What a unit test's backend declares: an ONNX model with these
+    /// tensors.
+    pub fn of_test(inputs: Vec<ModelIo>, outputs: Vec<ModelIo>) -> Description {
+        Description {
+            kind: crate::backend::BackendKind::OnnxRuntime,
+            platform: "onnxruntime_onnx".into(),
+            inputs,
+            outputs,
+            metadata: Vec::new(),
+            remote: false,
+        }
     }
 }

@@ -4,10 +4,11 @@
 //! tensors through, and Triton's QA repositories build their `nop_*` and
 //! `custom_*` models on it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Backend, BackendError, BackendKind, ModelIo};
-use crate::config::Signature;
+use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
+use crate::config::{self, Signature};
 use crate::tensor::Tensor;
 
 /// The parameter that makes each execution wait this many milliseconds
@@ -15,10 +16,29 @@ use crate::tensor::Tensor;
 /// stand in for a slow model).
 pub const DELAY_PARAMETER: &str = "execute_delay_ms";
 
+/// The identity backend: no runtime, no file.
+pub struct Identity;
+
+impl Framework for Identity {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Identity
+    }
+
+    fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
+        let delay = match config::parameter(model.config, DELAY_PARAMETER) {
+            None => 0,
+            Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                format!("parameter '{DELAY_PARAMETER}' must be a whole number of milliseconds, got '{v}'")
+            })?,
+        };
+        let delay = Duration::from_millis(delay);
+        placements.iter().map(|_| IdentityModel::new(model.signature, delay)).collect::<Result<_, _>>().map(shared)
+    }
+}
+
 /// A model that answers its inputs.
 pub struct IdentityModel {
-    inputs: Vec<ModelIo>,
-    outputs: Vec<ModelIo>,
+    description: Description,
     delay: Duration,
 }
 
@@ -46,43 +66,31 @@ impl IdentityModel {
         }
         let batching = signature.max_batch_size > 0;
         let io = |specs: &[crate::tensor::TensorSpec]| specs.iter().map(|s| ModelIo::from_spec(s, batching)).collect();
-        Ok(IdentityModel { inputs: io(&signature.inputs), outputs: io(&signature.outputs), delay })
+        let description = Description {
+            kind: BackendKind::Identity,
+            platform: "identity".into(),
+            inputs: io(&signature.inputs),
+            outputs: io(&signature.outputs),
+            metadata: Vec::new(),
+            remote: false,
+        };
+        Ok(IdentityModel { description, delay })
     }
 }
 
 impl Backend for IdentityModel {
-    fn platform(&self) -> &str {
-        "identity"
-    }
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::Identity
-    }
-
-    fn inputs(&self) -> &[ModelIo] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[ModelIo] {
-        &self.outputs
-    }
-
-    fn metadata(&self) -> &[(String, String)] {
-        &[]
-    }
-
-    /// No weights: each output is a copy of its input.
-    fn resident_bytes(&self) -> u64 {
-        0
+    fn description(&self) -> &Description {
+        &self.description
     }
 
     fn execute(&self, mut inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
-        self.inputs
+        let Description { inputs: declared, outputs, .. } = &self.description;
+        declared
             .iter()
-            .zip(&self.outputs)
+            .zip(outputs)
             .map(|(input, output)| {
                 let at = inputs
                     .iter()

@@ -7,6 +7,7 @@
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ort::AsPointer;
 use ort::environment::Environment;
@@ -17,7 +18,9 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 use parking_lot::Mutex;
 
-use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
+use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
+use crate::config::{self, ModelConfig};
+use crate::gpu::Gpus;
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 /// How to get the ONNX Runtime library, for error messages.
@@ -31,6 +34,130 @@ pub const CUDA_PROVIDER_LIBRARY: &str = "libonnxruntime_providers_cuda.so";
 /// What `make setup-gpu` does, for error messages.
 const GPU_HINT: &str = "`make setup-gpu` installs onnxruntime-gpu==1.31.1 and its CUDA 13 libraries, \
     and `make serve GPU=1` serves with them";
+
+/// ONNX Runtime's session parameter for busy-waiting intra-op threads.
+const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
+
+/// ONNX Runtime as a framework: `None` when no library was given (ONNX
+/// models then fail to load, saying how to give it).
+pub struct Onnx {
+    runtime: Option<OnnxRuntime>,
+}
+
+impl Onnx {
+    /// Loads the ONNX Runtime library at `library`, if given.
+    ///
+    /// # Errors
+    /// As [`OnnxRuntime::init`].
+    pub fn start(library: Option<&Path>) -> Result<Onnx, String> {
+        let runtime = match library {
+            Some(path) => Some(OnnxRuntime::init(path)?),
+            None => {
+                tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
+                None
+            }
+        };
+        Ok(Onnx { runtime })
+    }
+
+    /// Whether the library is loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.runtime.is_some()
+    }
+
+    fn runtime(&self) -> Result<&OnnxRuntime, String> {
+        self.runtime.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {HINT}"))
+    }
+}
+
+impl Framework for Onnx {
+    fn kind(&self) -> BackendKind {
+        BackendKind::OnnxRuntime
+    }
+
+    fn gpus(&self, gpus: &Gpus) -> Result<usize, String> {
+        self.runtime()?.cuda().map_err(str::to_owned)?;
+        match gpus.count() {
+            0 => Err(format!("no GPU is usable: {}", gpus.absence().unwrap_or("NVML lists none"))),
+            n => Ok(n),
+        }
+    }
+
+    fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
+        let path = model.file("model.onnx");
+        if let Some(hint) = not_onnx(model.name, model.version_dir, model.config, &path) {
+            return Err(format!("model file {} does not exist; {hint}", path.display()));
+        }
+        let runtime = self.runtime()?;
+        let options = session_options(model.config, placements.len())?;
+        let load = |&p: &Placement| model.measured(p, || runtime.load(&path, options, p));
+        placements.iter().map(load).collect::<Result<_, _>>().map(shared)
+    }
+}
+
+/// The files by which Triton picks the backend of a model whose
+/// configuration names none, other than ONNX Runtime's, and what each is.
+const OTHER_MODEL_FILES: [(&str, &str); 6] = [
+    ("model.pt", "a TorchScript model: Plinth serves it with platform \"pytorch_libtorch\" in config.pbtxt"),
+    ("model.plan", "a TensorRT engine, for Triton's 'tensorrt' backend, which Plinth does not ship"),
+    ("model.py", "a model of Triton's 'python' backend, which Plinth does not ship"),
+    ("model.xml", "a model of Triton's 'openvino' backend, which Plinth does not ship"),
+    ("model.savedmodel", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+    ("model.graphdef", "a model of Triton's 'tensorflow' backend, which Plinth does not ship"),
+];
+
+/// Why a model whose configuration names no platform or backend, and whose
+/// ONNX file `path` is missing, is no ONNX model: the file of another
+/// backend in its version folder, or a name `NAME.BACKEND` (Triton's way to
+/// name a custom backend). `None` when neither explains it.
+fn not_onnx(name: &str, version_dir: &Path, config: &ModelConfig, path: &Path) -> Option<String> {
+    if path.exists() || !config.platform.is_empty() || !config.backend.is_empty() {
+        return None;
+    }
+    let unnamed = "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model";
+    if let Some((file, what)) = OTHER_MODEL_FILES.iter().find(|(file, _)| version_dir.join(file).exists()) {
+        return Some(format!("{unnamed}, but the version folder holds {file}, {what}"));
+    }
+    let (_, backend) = name.rsplit_once('.')?;
+    Some(format!(
+        "{unnamed}; a model name of the form NAME.BACKEND does not pick backend '{backend}' here (Triton's custom \
+         backends): name it with backend: \"{backend}\" in config.pbtxt (Plinth serves {})",
+        config::served()
+    ))
+}
+
+/// ONNX Runtime thread settings from the model's `parameters`: the counts
+/// Triton's ONNX Runtime backend reads (`intra_op_thread_count`,
+/// `inter_op_thread_count`) and `session.intra_op.allow_spinning`. Without
+/// `intra_op_thread_count`, the cores are shared among the `instances`, so
+/// that instances running at once do not oversubscribe the CPU. Spinning is
+/// on unless set to "0", as ONNX Runtime (and so Triton's ONNX Runtime
+/// backend) leaves it: without it every parallel operator wakes the pool's
+/// threads from sleep, which doubled ocr_rec's run on two cores (43 ms
+/// against 86 ms); "0" leaves the cores to HTTP, plugins and other models
+/// between runs.
+fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOptions, String> {
+    let count = |key: &str| match config::parameter(config, key) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spinning = match config::parameter(config, SPINNING_PARAMETER).map(str::trim) {
+        Some("0") => false,
+        None | Some("1") => true,
+        Some(v) => return Err(format!("parameter '{SPINNING_PARAMETER}' must be \"0\" or \"1\", got '{v}'")),
+    };
+    Ok(SessionOptions {
+        intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
+        inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
+        intra_op_spinning: spinning,
+        graph_level: config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level),
+    })
+}
 
 /// The loaded ONNX Runtime library; creates sessions.
 pub struct OnnxRuntime {
@@ -149,7 +276,15 @@ impl OnnxRuntime {
         let metadata = read_metadata(&session)?;
         let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
         let io_binding = matches!(placement, Placement::Gpu(_));
-        Ok(OnnxModel { session: Mutex::new(session), inputs, outputs, metadata, file_bytes, io_binding })
+        let description = Description {
+            kind: BackendKind::OnnxRuntime,
+            platform: BackendKind::OnnxRuntime.platform().unwrap_or_default().into(),
+            inputs,
+            outputs,
+            metadata,
+            remote: false,
+        };
+        Ok(OnnxModel { session: Mutex::new(session), description, file_bytes, io_binding })
     }
 }
 
@@ -207,9 +342,7 @@ fn open_library(path: &Path, flags: libc::c_int) -> Result<(), String> {
 /// One ONNX Runtime session. Runs are serialised on it.
 pub struct OnnxModel {
     session: Mutex<Session>,
-    inputs: Vec<ModelIo>,
-    outputs: Vec<ModelIo>,
-    metadata: Vec<(String, String)>,
+    description: Description,
     /// The size of the model file, in bytes.
     file_bytes: u64,
     /// Runs bind inputs and outputs to host memory (sessions on a GPU).
@@ -217,24 +350,8 @@ pub struct OnnxModel {
 }
 
 impl Backend for OnnxModel {
-    fn platform(&self) -> &str {
-        BackendKind::OnnxRuntime.platform().unwrap_or_default()
-    }
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::OnnxRuntime
-    }
-
-    fn inputs(&self) -> &[ModelIo] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[ModelIo] {
-        &self.outputs
-    }
-
-    fn metadata(&self) -> &[(String, String)] {
-        &self.metadata
+    fn description(&self) -> &Description {
+        &self.description
     }
 
     /// The bytes the session's CPU arena took (`TotalAllocated`: weights
@@ -281,7 +398,7 @@ impl OnnxModel {
         }
         let host =
             MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::CPUOutput).map_err(failed)?;
-        for output in &self.outputs {
+        for output in &self.description.outputs {
             binding.bind_output_to_device(output.name.as_str(), &host).map_err(failed)?;
         }
         let outputs = session.run_binding(&binding).map_err(run_error)?;
@@ -290,7 +407,8 @@ impl OnnxModel {
 
     /// The declared outputs, in order, copied out of a run's values.
     fn collect(&self, mut outputs: ort::session::SessionOutputs<'_>) -> Result<Vec<Tensor>, BackendError> {
-        self.outputs
+        self.description
+            .outputs
             .iter()
             .map(|o| {
                 let value =
@@ -479,9 +597,31 @@ fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
 mod tests {
     use super::*;
 
+    fn config_of(text: &str) -> ModelConfig {
+        config::parse(&format!("name: \"m\" {text}")).unwrap()
+    }
+
     /// The example repository's direction classifier (`make setup` places it).
     fn classifier() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../model_repository/ocr_cls/1/model.onnx")
+    }
+
+    #[test]
+    fn a_model_without_platform_and_onnx_file_is_named_by_what_its_folder_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("model.onnx");
+        std::fs::write(dir.path().join("model.py"), "").unwrap();
+        assert_eq!(
+            not_onnx("m", dir.path(), &config_of(""), &missing).unwrap(),
+            "config.pbtxt names no platform or backend, so Plinth looks for an ONNX model, but the version folder \
+             holds model.py, a model of Triton's 'python' backend, which Plinth does not ship"
+        );
+        assert_eq!(not_onnx("m", dir.path(), &config_of(r#"backend: "onnxruntime""#), &missing), None);
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(not_onnx("m", empty.path(), &config_of(""), &missing), None);
+        let custom = not_onnx("m.identity", empty.path(), &config_of(""), &missing).unwrap();
+        assert!(custom.contains("does not pick backend 'identity' here"), "{custom}");
+        assert!(custom.contains("backend: \"identity\""), "{custom}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Backend, BackendError, BackendKind, ModelIo};
+use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
 use crate::config::{self, ModelConfig, Signature};
 use crate::protocol::binary::{self, HEADER_LENGTH};
 use crate::protocol::json::{self, InputTensor, TensorList};
@@ -128,8 +128,31 @@ impl RemoteConfig {
     }
 }
 
+/// Requests a remote model forwards at once without an `instance_group`:
+/// each instance holds one exchange, so one slow answer does not queue the
+/// rest behind it.
+const DEFAULT_INSTANCES: usize = 8;
+
+/// The remote backend: models of another KServe v2 server.
+pub struct Remote;
+
+impl Framework for Remote {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Remote
+    }
+
+    fn default_instances(&self) -> usize {
+        DEFAULT_INSTANCES
+    }
+
+    fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
+        let config = RemoteConfig::from_config(model.config, model.name)?;
+        RemoteModel::connect(config, model.signature, placements.len()).map(shared)
+    }
+}
+
 /// A connection pool to one remote model, shared by a model's instances.
-struct Remote {
+struct Connection {
     config: RemoteConfig,
     agent: ureq::Agent,
     /// Whether this version counts in [`CONTROLLED`] (its load succeeded).
@@ -138,10 +161,8 @@ struct Remote {
 
 /// A remote model: tensors in, tensors out, over HTTP.
 pub struct RemoteModel {
-    remote: Arc<Remote>,
-    platform: String,
-    inputs: Vec<ModelIo>,
-    outputs: Vec<ModelIo>,
+    remote: Arc<Connection>,
+    description: Description,
 }
 
 /// Why one HTTP exchange failed.
@@ -231,7 +252,7 @@ impl RemoteModel {
             .http_status_as_error(false)
             .build()
             .into();
-        let mut remote = Remote { config, agent, controls: false };
+        let mut remote = Connection { config, agent, controls: false };
         let label = remote.config.label();
         if remote.config.repository_control {
             let url = format!("{}/v2/repository/models/{}/load", remote.config.url, remote.config.model);
@@ -267,18 +288,19 @@ impl RemoteModel {
             inputs = signature.inputs.iter().map(|s| ModelIo::from_spec(s, batching)).collect();
             outputs = signature.outputs.iter().map(|s| ModelIo::from_spec(s, batching)).collect();
         }
-        Ok((0..instances)
-            .map(|_| RemoteModel {
-                remote: remote.clone(),
-                platform: meta.platform.clone(),
-                inputs: inputs.clone(),
-                outputs: outputs.clone(),
-            })
-            .collect())
+        let description = Description {
+            kind: BackendKind::Remote,
+            platform: meta.platform,
+            inputs,
+            outputs,
+            metadata: Vec::new(),
+            remote: true,
+        };
+        Ok((0..instances).map(|_| RemoteModel { remote: remote.clone(), description: description.clone() }).collect())
     }
 }
 
-impl Remote {
+impl Connection {
     /// Runs `attempt`, again after a refused connection or a 503, with
     /// exponential backoff and jitter, at most `retries` more times.
     fn call<T>(&self, attempt: impl FnMut() -> Result<T, Failure>) -> Result<T, BackendError> {
@@ -306,7 +328,7 @@ impl Remote {
     }
 }
 
-impl Drop for Remote {
+impl Drop for Connection {
     fn drop(&mut self) {
         if !self.controls {
             return;
@@ -364,33 +386,12 @@ fn read(mut response: ureq::http::Response<ureq::Body>) -> Result<(Option<usize>
 }
 
 impl Backend for RemoteModel {
-    fn platform(&self) -> &str {
-        &self.platform
-    }
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::Remote
-    }
-
-    fn inputs(&self) -> &[ModelIo] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[ModelIo] {
-        &self.outputs
-    }
-
-    fn metadata(&self) -> &[(String, String)] {
-        &[]
-    }
-
-    /// The weights live on the remote server.
-    fn resident_bytes(&self) -> u64 {
-        0
+    fn description(&self) -> &Description {
+        &self.description
     }
 
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
-        let (body, header_length) = encode(&inputs, &self.outputs);
+        let (body, header_length) = encode(&inputs, &self.description.outputs);
         let url = format!("{}/infer", self.remote.config.model_url());
         let remote = &self.remote;
         let (response_header, response) = remote.call(|| {
@@ -401,7 +402,7 @@ impl Backend for RemoteModel {
                 .header("Content-Type", "application/octet-stream");
             remote.send(request, &body)
         })?;
-        decode(response_header, &response, &self.outputs)
+        decode(response_header, &response, &self.description.outputs)
             .map_err(|m| Failure::Malformed(m).into_backend_error(&remote.config))
     }
 }

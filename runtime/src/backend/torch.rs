@@ -11,10 +11,12 @@
 use std::ffi::CStr;
 use std::mem::ManuallyDrop;
 use std::path::Path;
+use std::sync::Arc;
 
 use tch::{CModule, Device, IValue, Kind};
 
-use super::{Backend, BackendError, BackendKind, ModelIo, Placement};
+use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement};
+use crate::gpu::Gpus;
 use crate::tensor::{DataType, Tensor, TensorSpec};
 
 /// The libtorch libraries the binary runs on; creates modules.
@@ -42,11 +44,6 @@ impl Libtorch {
         let cuda_devices = if handle.is_null() { 0 } else { usize::try_from(tch::Cuda::device_count()).unwrap_or(0) };
         tracing::info!(cuda_loaded = !handle.is_null(), cuda_devices, "libtorch 2.11.0 ready");
         Libtorch { cuda_devices }
-    }
-
-    /// The number of CUDA devices libtorch can use (0 without CUDA).
-    pub fn cuda_devices(&self) -> usize {
-        self.cuda_devices
     }
 
     /// Loads the TorchScript file at `path` onto `placement` for the
@@ -103,9 +100,15 @@ impl Libtorch {
             host_bytes,
             module: ManuallyDrop::new(module),
             device,
-            inputs: input_io,
+            description: Description {
+                kind: BackendKind::Pytorch,
+                platform: BackendKind::Pytorch.platform().unwrap_or_default().into(),
+                inputs: input_io,
+                outputs: output_io,
+                metadata: Vec::new(),
+                remote: false,
+            },
             input_positions,
-            outputs: output_io,
             output_indices,
         };
         // Zeros are no string a model could parse: string models are not
@@ -115,6 +118,33 @@ impl Libtorch {
             model.trial_run(batching)?;
         }
         Ok(model)
+    }
+}
+
+impl Framework for Libtorch {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Pytorch
+    }
+
+    fn gpus(&self, _: &Gpus) -> Result<usize, String> {
+        match self.cuda_devices {
+            0 => Err("libtorch sees no CUDA device (a GPU and a PyTorch torch/lib with libtorch_cuda.so on \
+                      LD_LIBRARY_PATH are needed; `make setup-gpu` places them)"
+                .to_owned()),
+            n => Ok(n),
+        }
+    }
+
+    fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
+        let (path, signature) = (model.file("model.pt"), model.signature);
+        let batching = signature.max_batch_size > 0;
+        placements
+            .iter()
+            .map(|&p| {
+                let load = || self.load(&path, &signature.inputs, &signature.outputs, batching, p);
+                Ok(Arc::new(model.measured(p, load)?) as Arc<dyn Backend>)
+            })
+            .collect()
     }
 }
 
@@ -131,33 +161,16 @@ pub struct TorchModel {
     /// The bytes of its parameters in host memory (0 on a GPU).
     host_bytes: u64,
     device: Device,
-    inputs: Vec<ModelIo>,
+    description: Description,
     /// The forward argument position of each input.
     input_positions: Vec<usize>,
-    outputs: Vec<ModelIo>,
     /// The index in the returned tuple of each output.
     output_indices: Vec<usize>,
 }
 
 impl Backend for TorchModel {
-    fn platform(&self) -> &str {
-        BackendKind::Pytorch.platform().unwrap_or_default()
-    }
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::Pytorch
-    }
-
-    fn inputs(&self) -> &[ModelIo] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[ModelIo] {
-        &self.outputs
-    }
-
-    fn metadata(&self) -> &[(String, String)] {
-        &[]
+    fn description(&self) -> &Description {
+        &self.description
     }
 
     /// The bytes of the module's parameters when it runs on the CPU (on a
@@ -168,9 +181,10 @@ impl Backend for TorchModel {
 
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         let _no_grad = tch::no_grad_guard();
-        let mut args: Vec<Option<IValue>> = (0..self.inputs.len()).map(|_| None).collect();
+        let mut args: Vec<Option<IValue>> = (0..self.description.inputs.len()).map(|_| None).collect();
         for t in inputs {
             let i = self
+                .description
                 .inputs
                 .iter()
                 .position(|io| io.name == t.name)
@@ -193,7 +207,8 @@ impl Backend for TorchModel {
             }
         })?;
         let returned = returned_tensors(result).map_err(BackendError::Failed)?;
-        self.outputs
+        self.description
+            .outputs
             .iter()
             .zip(&self.output_indices)
             .map(|(io, &index)| {
@@ -221,6 +236,7 @@ impl TorchModel {
     /// first request.
     fn trial_run(&self, batching: bool) -> Result<(), String> {
         let inputs = self
+            .description
             .inputs
             .iter()
             .map(|io| {
@@ -233,7 +249,7 @@ impl TorchModel {
         let outputs = self.execute(inputs).map_err(|e| {
             format!("the TorchScript model fails on zeros of the inputs config.pbtxt declares (check their data_type and dims): {e}")
         })?;
-        for (io, t) in self.outputs.iter().zip(&outputs) {
+        for (io, t) in self.description.outputs.iter().zip(&outputs) {
             let want = io.datatype.expect("configured outputs have a datatype");
             if t.datatype != want {
                 return Err(format!(

@@ -64,7 +64,7 @@ impl Lifecycle {
         }
         if opts.control_mode == ControlMode::ModelMesh {
             // ModelMesh would place ONNX models here and see every load fail.
-            if runtimes.onnx.is_none() {
+            if !runtimes.frameworks.has_onnx() {
                 return Err(format!("modelmesh mode serves ONNX models: {}", crate::backend::onnx::HINT));
             }
             let capacity = opts.load_limits.budget.bytes.unwrap_or(0);

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::BackendKind;
 use crate::error::Error;
 use crate::metrics::FailureReason;
 use crate::plugin::ModelRunner;
@@ -166,9 +165,6 @@ impl Model {
     fn wrong_answer(&self, problem: String) -> Error {
         let message = format!("model '{}' returned {problem}", self.name);
         // A remote server's wrong answer is its fault, not ours.
-        match self.backend_kind() {
-            Some(BackendKind::Remote) => Error::BadGateway(message),
-            _ => Error::Internal(message),
-        }
+        if self.answers_from_elsewhere() { Error::BadGateway(message) } else { Error::Internal(message) }
     }
 }

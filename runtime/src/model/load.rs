@@ -92,7 +92,12 @@ impl Model {
             instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
         let rate_limited = rate_limited(&dir.name, config, &limits, rt)?;
         let backend = &instances[0];
-        let (inputs, outputs) = check::client_tensors(&scheduling, &signature, backend.inputs(), backend.outputs())?;
+        let (inputs, outputs) = check::client_tensors(
+            &scheduling,
+            &signature,
+            &backend.description().inputs,
+            &backend.description().outputs,
+        )?;
         check::complete_and_check(&mut signature, &inputs, &outputs)?;
         let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
             None => {
@@ -114,7 +119,7 @@ impl Model {
                     version,
                     signature: signature.clone(),
                     parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
-                    metadata: backend.metadata().to_vec(),
+                    metadata: backend.description().metadata.clone(),
                 };
                 let keys: Vec<&str> = config.parameters.keys().map(String::as_str).collect();
                 let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);

@@ -172,15 +172,20 @@ impl Model {
     /// The platform name for model metadata (`onnxruntime_onnx`, `ensemble`).
     pub fn platform(&self) -> &str {
         match &*self.engine {
-            Engine::Backends { instances, .. } => instances[0].platform(),
+            Engine::Backends { instances, .. } => &instances[0].description().platform,
             Engine::Ensemble(_) => config::validate::ENSEMBLE_PLATFORM,
         }
+    }
+
+    /// Whether its answers come from another server (a remote model).
+    fn answers_from_elsewhere(&self) -> bool {
+        matches!(&*self.engine, Engine::Backends { instances, .. } if instances[0].description().remote)
     }
 
     /// The backend serving this model; `None` for an ensemble.
     fn backend_kind(&self) -> Option<BackendKind> {
         match &*self.engine {
-            Engine::Backends { instances, .. } => Some(instances[0].kind()),
+            Engine::Backends { instances, .. } => Some(instances[0].description().kind),
             Engine::Ensemble(_) => None,
         }
     }

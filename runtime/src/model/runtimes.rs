@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::onnx::OnnxRuntime;
+use crate::backend::Frameworks;
 use crate::metrics::Metrics;
 use crate::plugin::PluginHost;
 
@@ -11,12 +11,10 @@ use super::cache::ResponseCache;
 
 /// What loading a model needs: the frameworks and the plugin sandbox.
 pub struct Runtimes {
-    /// ONNX Runtime, for `onnxruntime_onnx` models; `None` when no
-    /// `ORT_DYLIB_PATH` was given (TorchScript and remote models still load).
-    pub onnx: Option<OnnxRuntime>,
-    /// libtorch, for `pytorch_libtorch` models.
-    #[cfg(feature = "libtorch")]
-    pub torch: crate::backend::torch::Libtorch,
+    /// The frameworks that load models (ONNX Runtime, libtorch, remote,
+    /// identity); ONNX models fail to load, saying why, when no
+    /// `ORT_DYLIB_PATH` was given.
+    pub frameworks: Frameworks,
     /// The machine's GPUs as NVML lists them (none without a driver).
     pub gpus: Arc<crate::gpu::Gpus>,
     /// The wasmtime sandbox, for model plugins.
@@ -51,15 +49,7 @@ impl Runtimes {
             Some(why) => tracing::info!(%why, "no GPU"),
         }
         Ok(Runtimes {
-            onnx: match ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime) {
-                Some(path) => Some(OnnxRuntime::init(&path)?),
-                None => {
-                    tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
-                    None
-                }
-            },
-            #[cfg(feature = "libtorch")]
-            torch: crate::backend::torch::Libtorch::init(),
+            frameworks: Frameworks::start(ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime).as_deref())?,
             plugins: PluginHost::new(plugin_limits, plugin_cache_dir)?,
             metrics: Arc::new(Metrics::with_gpus(gpus.clone())),
             gpus,

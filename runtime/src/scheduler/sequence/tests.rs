@@ -10,13 +10,13 @@ use parking_lot::Mutex;
 
 use super::*;
 use crate::backend::fake::Gate;
-use crate::backend::{BackendKind, ModelIo};
+use crate::backend::{Description, ModelIo};
 use crate::metrics::Metrics;
 use crate::tensor::DataType;
 
 /// The accumulator; records the READY column of every execution.
 struct Accumulator {
-    io: (Vec<ModelIo>, Vec<ModelIo>),
+    description: Description,
     gate: Option<Arc<Gate>>,
     ready: Mutex<Vec<Vec<i32>>>,
 }
@@ -43,29 +43,16 @@ impl Accumulator {
             shape: vec![-1, 1],
         };
         let inputs = ["INPUT", "INPUT_STATE", "START", "READY"].map(io).to_vec();
-        Accumulator { io: (inputs, vec![io("OUTPUT"), io("OUTPUT_STATE")]), gate, ready: Mutex::default() }
+        let description = Description::of_test(inputs, vec![io("OUTPUT"), io("OUTPUT_STATE")]);
+        Accumulator { description, gate, ready: Mutex::default() }
     }
 }
 
 impl Backend for Accumulator {
-    fn platform(&self) -> &str {
-        "onnxruntime_onnx"
+    fn description(&self) -> &Description {
+        &self.description
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::OnnxRuntime
-    }
-    fn inputs(&self) -> &[ModelIo] {
-        &self.io.0
-    }
-    fn outputs(&self) -> &[ModelIo] {
-        &self.io.1
-    }
-    fn metadata(&self) -> &[(String, String)] {
-        &[]
-    }
-    fn resident_bytes(&self) -> u64 {
-        0
-    }
+
     fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
         if let Some(gate) = &self.gate {
             gate.pass();
