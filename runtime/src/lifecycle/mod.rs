@@ -22,21 +22,24 @@ mod check;
 mod core;
 mod ensemble;
 mod loader;
+mod loading;
 mod modelmesh;
 mod on_demand;
 mod poll;
+mod records;
 mod request;
 mod rollout;
 mod runner;
 mod runtimes;
 mod serve;
 mod startup;
+mod swap;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::{GPU_SWAP_PARAMETER, PINNED_PARAMETER, SwapPolicy};
+pub use self::core::PINNED_PARAMETER;
 /// What the rollout API answers: the lifecycle carries rollouts out, so
 /// the front ends reach them through it only.
 pub use crate::rollout::{Figures, Phase, RolloutStatus};
@@ -46,6 +49,7 @@ pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 pub use request::{FILE_PREFIX, LoadRequest};
 pub use runtimes::LoadingOptions;
 pub use serve::{Accepted, Caller, Headers, InferCall, Inferred, NO_HEADERS};
+pub use swap::{GPU_SWAP_PARAMETER, SwapPolicy};
 
 use std::sync::Arc;
 

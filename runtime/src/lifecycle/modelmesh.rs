@@ -16,7 +16,9 @@ use parking_lot::Mutex;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use super::core::{Core, LoadOptions, ModelRecord};
+use super::core::Core;
+use super::loading::LoadOptions;
+use super::records::ModelRecord;
 use crate::config::CONFIG_FILE;
 use crate::drain::InUse;
 use crate::error::LoadError;

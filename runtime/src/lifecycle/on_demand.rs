@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use super::core::{Core, LoadOptions, ModelRecord};
+use super::core::Core;
+use super::loading::LoadOptions;
+use super::records::ModelRecord;
 use super::startup;
 use crate::error::Error;
 use crate::model::Model;
