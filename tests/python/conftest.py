@@ -104,12 +104,37 @@ class OutputLines:
         raise TimeoutError(f"{self.name} did not print {pattern!r}:\n{''.join(self.lines)}")
 
 
-def metric(server, family, model, version=1):
+class NoSuchSeries(AssertionError):
+    """A series a test reads is not on /metrics (a renamed or dropped
+    metric, a wrong label): the message lists the series of its family."""
+
+
+def series_value(server, series, default=None, scheme="http", context=None):
+    """The value of `series` (the family's name with its labels as /metrics
+    writes them, e.g. `nv_inference_count{model="m",version="1"}`) on
+    `server`'s /metrics. An absent series raises NoSuchSeries listing the
+    family's series, unless `default` is given: only for a series that is
+    documented to appear with its first event (docs/observability.md: a
+    family with labels has no series until something makes one)."""
+    text = urllib.request.urlopen(f"{scheme}://{server.metrics_url}/metrics", timeout=HANG_GUARD_S,
+                                  context=context).read().decode()
+    prefix = series + " "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    if default is not None:
+        return default
+    family = series.split("{", 1)[0]
+    present = [line for line in text.splitlines() if re.match(rf"{re.escape(family)}(\{{| )", line)]
+    raise NoSuchSeries(f"no series {series} on /metrics; its family has "
+                       + ("\n  ".join(["these:", *present]) if present else "none"))
+
+
+def metric(server, family, model, version=1, default=None):
     """The value of `family`'s series for `model` and `version` on
-    `server`'s /metrics; 0 when it has none."""
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=HANG_GUARD_S).read().decode()
-    prefix = f'{family}{{model="{model}",version="{version}"}} '
-    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+    `server`'s /metrics; an absent series fails (NoSuchSeries) unless
+    `default` is given (see `series_value`)."""
+    return series_value(server, f'{family}{{model="{model}",version="{version}"}}', default=default)
 
 
 def patient_plugins(extra):

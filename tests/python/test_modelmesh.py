@@ -1,5 +1,6 @@
 """Plays ModelMesh against `plinth serve --model-control-mode=modelmesh`,
-through stubs generated from Plinth's own runtime/proto/model_runtime.proto:
+through stubs generated from Plinth's own runtime/proto/model_runtime.proto
+(checked against ModelMesh's published one by test_modelmesh_proto.py):
 runtimeStatus, three loads laid out as ModelMesh's puller leaves them (two
 model folders and one bare ONNX file), inference routed by the `mm-model-id`
 header with the outputs checked against onnxruntime, unloads, a load
@@ -11,11 +12,11 @@ import concurrent.futures
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -27,7 +28,7 @@ from onnx import TensorProto, helper, save
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, ROOT, Plinth, rss, wait_until
+from conftest import HANG_GUARD_S, ROOT, Plinth, rss, series_value, wait_until
 
 MIB = 1 << 20
 BUDGET = 2048 * MIB
@@ -75,6 +76,34 @@ def held_model(folder):
         # Only a guard against a hang: the test releases it.
         'parameters { key: "plugin.timeout_ms" value: { string_value: "600000" } }\n')
     return folder
+
+
+def waiting_model(folder):
+    """A model folder whose requests with the body `wait:go` stay in its
+    plugin until the file `1/go` exists: the ocr_cls network behind the
+    test plugin that misbehaves on request."""
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
+    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / "faulty.wasm")
+    (folder / "config.pbtxt").write_text('max_batch_size: 1\n'
+                                         'parameters { key: "plugin" value: { string_value: "faulty.wasm" } }\n')
+    return folder
+
+
+def predict(server, model_id, body):
+    """(status, JSON body) of /predict for `model_id` over HTTP."""
+    request = urllib.request.Request(f"http://{server.url}/v2/models/{model_id}/predict", data=body)
+    try:
+        with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def plugin_instances(server, model_id):
+    """Plugin instances `model_id` has started: the first at load, then one
+    for each call that found every other instance busy."""
+    return series_value(server, f'plinth_plugin_instance_starts_total{{model="{model_id}",version="1"}}')
 
 
 def release(folder):
@@ -137,14 +166,6 @@ class Mesh:
 def disk_size(path):
     path = pathlib.Path(path)
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def queued(server, model_id):
-    """Requests queued for `model_id`, from Plinth's metrics."""
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics") as response:
-        text = response.read().decode()
-    found = re.search(rf'nv_inference_pending_request_count{{model="{re.escape(model_id)}",version="1"}} (\d+)', text)
-    return int(found.group(1)) if found else 0
 
 
 def infer(server, model_id, model_name, x, output, input_name="x"):
@@ -326,7 +347,9 @@ def test_the_budget_refuses_loads_and_evicts_nothing(mmesh, pulled, tmp_path):
 
 
 def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled, tmp_path):
-    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB")
+    # Four plugin calls at once, whatever the number of cores.
+    server = Plinth(None, "--model-control-mode", "modelmesh", "--model-memory-budget", f"{BUDGET // MIB}MiB",
+                    "--plugin-concurrency", "4")
     try:
         mesh = Mesh(server, mmesh)
         mesh.status()
@@ -339,25 +362,36 @@ def test_unloads_wait_for_requests_and_a_purge_aborts_loads(mmesh, pulled, tmp_p
         assert "loaded already" in failure.value.details()
         assert mesh.load("mobilenet__isvc-0003", mobilenet) == mesh.size("mobilenet__isvc-0003")
 
-        # unloadModel returns only after the requests on the model (one
-        # running, at least two queued) have finished, each with its answer.
-        x = np.repeat(photo(ROOT / ".cache/samples/china.jpg"), 16, axis=0)
-
-        def timed_infer():
-            logits = infer(server, "mobilenet__isvc-0003", "m", x, "OUTPUT__0", "INPUT__0")
-            return logits, time.monotonic()
-
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            requests = [pool.submit(timed_infer) for _ in range(4)]
-            wait_until("two requests queue behind a running one", lambda: queued(server, "mobilenet__isvc-0003") >= 2)
-            mesh.unload("mobilenet__isvc-0003")
-            unloaded = time.monotonic()
-        answered = [r.result() for r in requests if r.exception() is None]
-        assert len(answered) >= 3, [r.exception() for r in requests]
-        for logits, finished in answered:
-            assert (logits.argmax(axis=1) == 698).all()
-            assert finished <= unloaded, "unloadModel returned while requests still ran"
+        mesh.unload("mobilenet__isvc-0003")
         expect_not_found(server, "mobilenet__isvc-0003")
+
+        # unloadModel returns only after the requests on the model have
+        # finished, each with its answer: four requests held in the model's
+        # plugin until the test creates a file, all four inside before the
+        # unload begins (the plugin started an instance for each).
+        waiting = waiting_model(tmp_path / "waiting")
+        model_id = "waiting__isvc-0005"
+        mesh.load(model_id, waiting)
+        # The plugin sends zeros, its variable dimensions (height, width) 1.
+        zeros = np.zeros((1, 3, 1, 1), np.float32)
+        (want,) = onnxruntime.InferenceSession(str(waiting / "1/model.onnx")).run([CLS_OUT], {"x": zeros})
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            requests = [pool.submit(predict, server, model_id, b"wait:go") for _ in range(4)]
+            wait_until("the four requests are in the plugin", lambda: plugin_instances(server, model_id) == 4)
+            unloading = pool.submit(mesh.unload, model_id)
+            wait_until("the unload has begun: the model no longer serves",
+                       lambda: [row.get("state") for row in mesh.index() if row["name"] == model_id] != ["READY"])
+            assert not unloading.done(), "unloadModel returned while four requests were still held"
+            assert not any(r.done() for r in requests), [r.result() for r in requests if r.done()]
+            (waiting / "1/go").write_bytes(b"")
+            answers = [r.result(timeout=HANG_GUARD_S) for r in requests]
+            unloading.result(timeout=HANG_GUARD_S)
+        for status, body in answers:
+            assert status == 200, body
+            np.testing.assert_allclose(body["outputs"][0]["data"], want.ravel(), rtol=0, atol=1e-6)
+        server.wait_for_log(rf"modelmesh: unloaded model={model_id}")
+        assert not any("drain timeout" in line for line in server.log), "".join(server.log[-5:])
+        expect_not_found(server, model_id)
 
         # runtimeStatus while a load runs: it waits for the load, undoes it,
         # and the load says so.

@@ -355,6 +355,77 @@ def test_throttling_is_retried_and_a_short_or_changed_object_is_refused_naming_i
         proxy.shutdown()
 
 
+def test_a_partial_download_left_by_a_killed_server_is_removed_at_the_next_start(moto, from_disk, tmp_path):
+    """A server killed while it downloads the weights leaves the partial
+    copy in its staging folder (`.plinth/staging/MODEL.PID.N`); the next
+    server on the same cache removes it at start (its process is gone) and
+    leaves alone the staging folder of a process still alive."""
+    moto.upload("models", "repo", "ocr_cls")
+    cache = tmp_path / "cache"
+    stalled, release = threading.Event(), threading.Event()
+
+    def stall_halfway(handler):
+        """The weights: their headers and half their bytes, then nothing
+        until released."""
+        if not handler.path.startswith(f"/models{WEIGHTS}"):
+            return False
+        upstream = http.client.HTTPConnection("127.0.0.1", moto.port, timeout=HANG_GUARD_S)
+        upstream.request("GET", handler.path, headers=dict(handler.headers))
+        answer = upstream.getresponse()
+        body = answer.read()
+        handler.send_response(answer.status)
+        for key, value in answer.getheaders():
+            if key.lower() not in ("transfer-encoding", "connection", "server", "date"):
+                handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(body[: len(body) // 2])
+        handler.wfile.flush()
+        stalled.set()
+        release.wait(HANG_GUARD_S)
+        handler.close_connection = True
+        return True
+
+    proxy = Proxy(moto.port, stall_halfway)
+    location = f"s3://127.0.0.1:{proxy.port}/models/repo"
+    weights = (MODELS / "ocr_cls/1/model.onnx").stat().st_size
+    try:
+        server = s3_server(moto, "--repository-cache-dir", str(cache), repository=location, started=False)
+        try:
+            # The mirror of the location is a folder of the cache.
+            wait_until("the mirror is made", lambda: len(list(cache.glob("s3_*/.plinth/staging"))) == 1)
+            [mirror] = cache.glob("s3_*")
+            staging = mirror / ".plinth/staging"
+            # The download stalls with half the weights written.
+            partial = staging / f"ocr_cls.{server.proc.pid}.0" / "1/model.onnx"
+            wait_until("half the weights are on disk",
+                       lambda: stalled.is_set() and partial.is_file() and partial.stat().st_size == weights // 2)
+            server.proc.kill()
+            assert server.proc.wait(timeout=HANG_GUARD_S) == -9
+        finally:
+            release.set()
+            if server.proc.poll() is None:
+                server.proc.kill()
+            server.plugin_cache.cleanup()
+        left = f"ocr_cls.{server.proc.pid}.0"
+        assert sorted(p.name for p in staging.iterdir()) == [left], "the killed server left its staging folder"
+        assert not (mirror / "ocr_cls").exists(), "the partial copy never reached the mirror"
+        alive = staging / f"ocr_cls.{os.getpid()}.7"  # a live process's download (this test's own pid)
+        (alive / "1").mkdir(parents=True)
+        (alive / "1/model.onnx").write_bytes(b"partial")
+
+        proxy.fault = lambda handler: False
+        server = s3_server(moto, "--repository-cache-dir", str(cache), repository=location)
+        try:
+            assert sorted(p.name for p in staging.iterdir()) == [alive.name]
+            assert (alive / "1/model.onnx").read_bytes() == b"partial"
+            assert predict(server, "ocr_cls", "cls_rotated.png") == from_disk["ocr_cls"]
+            assert (mirror / "ocr_cls/1/model.onnx").stat().st_size == weights
+        finally:
+            server.stop()
+    finally:
+        proxy.shutdown()
+
+
 def test_credentials_the_store_refuses_are_named_without_the_secret():
     # moto checks credentials once its first actions (the set-up's) are done.
     files = model_files("ocr_cls")

@@ -5,7 +5,9 @@ it) and `CORR_OUT = CORRID`. Checked: state kept per sequence and never
 mixed, integer and string correlation ids, the CORRID control, `oldest`
 running two sequences in one execution, the idle timeout with its error,
 an initial state read from a file, order on a gRPC stream and a dropped
-stream ending its sequence, and Triton's errors."""
+stream ending its sequence, Triton's errors, and a request that fails in
+the model (alone, or in one execution with another sequence's) leaving its
+sequence's state as it was."""
 
 import json
 import queue
@@ -34,8 +36,10 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
 
-def accumulator(folder, corrid_type, with_controls=True):
-    """Writes the accumulator to folder/1/model.onnx."""
+def accumulator(folder, corrid_type, with_controls=True, checked=False):
+    """Writes the accumulator to folder/1/model.onnx. `checked`: INPUT goes
+    through a Gather from 0..99 first (the same value), so an INPUT of 100
+    or more fails the execution (ONNX Runtime refuses the index)."""
     (folder / "1").mkdir(parents=True)
     value = lambda name, kind: helper.make_tensor_value_info(name, kind, ["batch", 1])  # noqa: E731
     inputs = [value("INPUT", TensorProto.INT32), value("INPUT_STATE", TensorProto.INT32)]
@@ -47,21 +51,25 @@ def accumulator(folder, corrid_type, with_controls=True):
             helper.make_node("Sub", ["one", "START"], ["not_start"]),
             helper.make_node("Mul", ["READY", "not_start"], ["keep"]),
             helper.make_node("Mul", ["INPUT_STATE", "keep"], ["carried"]),
-            helper.make_node("Add", ["INPUT", "carried"], ["OUTPUT"]),
+            helper.make_node("Add", ["VALUE", "carried"], ["OUTPUT"]),
             helper.make_node("Identity", ["CORRID"], ["CORR_OUT"]),
         ]
     else:
-        nodes = [helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["OUTPUT"])]
+        nodes = [helper.make_node("Add", ["VALUE", "INPUT_STATE"], ["OUTPUT"])]
+    nodes.insert(0, helper.make_node("Gather", ["table", "INPUT"], ["VALUE"], axis=0) if checked
+                 else helper.make_node("Identity", ["INPUT"], ["VALUE"]))
     nodes.append(helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]))
-    one = numpy_helper.from_array(np.ones([1], np.int32), "one")
-    graph = helper.make_graph(nodes, "acc", inputs, outputs, initializer=[one] if with_controls else [])
+    initializers = [numpy_helper.from_array(np.ones([1], np.int32), "one")] if with_controls else []
+    if checked:
+        initializers.append(numpy_helper.from_array(np.arange(100, dtype=np.int32), "table"))
+    graph = helper.make_graph(nodes, "acc", inputs, outputs, initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     save(model, folder / "1" / "model.onnx")
 
 
-def add_model(repo, name, corrid_type, config, with_controls=True):
-    accumulator(repo / name, corrid_type, with_controls)
+def add_model(repo, name, corrid_type, config, with_controls=True, checked=False):
+    accumulator(repo / name, corrid_type, with_controls, checked)
     (repo / name / "config.pbtxt").write_text(config)
 
 
@@ -82,6 +90,16 @@ def server(tmp_path_factory):
               "sequence_batching { max_sequence_idle_microseconds: 60000000 "
               "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 120000000 }"
               f" {uint64} {STATE % ''} }}\n")
+    # The same with `checked` (an INPUT of 100 or more fails its execution),
+    # alone or two sequences in one execution.
+    add_model(repo, "acc_checked", TensorProto.UINT64,
+              f"max_batch_size: 1\n{IO}sequence_batching {{ max_sequence_idle_microseconds: 60000000 "
+              f"{uint64} {STATE % ''} }}\n", checked=True)
+    add_model(repo, "acc_checked_pair", TensorProto.UINT64,
+              f"max_batch_size: 2\n{IO}"
+              "sequence_batching { max_sequence_idle_microseconds: 60000000 "
+              "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
+              f"max_queue_delay_microseconds: 120000000 }} {uint64} {STATE % ''} }}\n", checked=True)
     add_model(repo, "acc_idle", TensorProto.UINT64,
               f"max_batch_size: 1\n{IO}sequence_batching {{ max_sequence_idle_microseconds: 1000 {uint64} {STATE % ''} }}\n")
     initial = 'initial_state { data_type: TYPE_INT32 dims: [ 1 ] data_file: "hundred" }'
@@ -236,3 +254,66 @@ def test_a_stream_keeps_a_sequence_s_order_and_a_dropped_stream_ends_it(server):
     status, error = infer(server, "acc", 1, 77)
     assert status == 400 and "cancelled" in error, error
     client.close()
+
+
+def test_a_failed_request_leaves_its_sequence_s_state_as_it_was(server):
+    """docs/scheduling.md: a failed request leaves the state as it was. The
+    sequence goes on from the state before the failure; the failure is the
+    model's own (ONNX Runtime refuses the index), not a refusal before the
+    request reached the sequence batcher."""
+    assert infer(server, "acc_checked", 10, 31, start=True) == (200, {"OUTPUT": 10})
+    for _ in range(2):
+        status, error = infer(server, "acc_checked", 500, 31)
+        assert status == 400 and "500" in error, (status, error)
+    assert infer(server, "acc_checked", 5, 31)[1]["OUTPUT"] == 15, "the failures changed the state"
+    assert infer(server, "acc_checked", 1, 31, end=True)[1]["OUTPUT"] == 16
+    stats = json.load(urllib.request.urlopen(f"http://{server.url}/v2/models/acc_checked/stats"))["model_stats"][0]
+    assert (stats["inference_stats"]["success"]["count"], stats["inference_stats"]["fail"]["count"]) == (3, 2), stats
+
+
+def run_pairs(server, model, ids, steps):
+    """Runs `steps` (values for the two sequences `ids`, and flags) one
+    after another, the two requests of each step at once; the answers by
+    (sequence id, value)."""
+    answers = {}
+
+    def step(sequence_id, value, **flags):
+        answers[(sequence_id, value)] = infer(server, model, value, sequence_id, **flags)
+
+    for values, flags in steps:
+        pair = [threading.Thread(target=step, args=(sequence_id, value), kwargs=flags)
+                for sequence_id, value in zip(ids, values)]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+    return answers
+
+
+def test_a_failed_request_in_a_shared_execution_moves_each_state_by_its_answered_requests_only(server):
+    """Two sequences whose requests run in one execution (`oldest`, a
+    batch of two): one request fails. Each state moves on by exactly the
+    requests of its sequence that were answered: the failed one's not at
+    all, the other's by its request if that was answered (see the next
+    test for whether it is)."""
+    answers = run_pairs(server, "acc_checked_pair", (41, 42),
+                        [((1, 10), {"start": True}), ((2, 500), {}), ((3, 30), {"end": True})])
+    assert answers[(41, 1)] == (200, {"OUTPUT": 1}) and answers[(42, 10)] == (200, {"OUTPUT": 10}), answers
+    assert answers[(42, 500)][0] == 400 and "idx=500" in answers[(42, 500)][1], answers
+    assert answers[(42, 30)] == (200, {"OUTPUT": 40}), "the failed request changed its sequence's state"
+    carried = 1 + (2 if answers[(41, 2)][0] == 200 else 0)
+    assert answers[(41, 3)] == (200, {"OUTPUT": carried + 3}), answers
+    stats = json.load(urllib.request.urlopen(f"http://{server.url}/v2/models/acc_checked_pair/stats"))["model_stats"][0]
+    shared = [b for b in stats["batch_stats"] if b["batch_size"] == 2]
+    assert stats["execution_count"] >= 3 and shared, f"the pairs shared executions: {stats['batch_stats']}"
+
+
+def test_only_the_request_at_fault_fails_a_shared_sequence_execution(server):
+    """docs/scheduling.md (Overload): when the model refuses a batch's
+    input, each request runs alone, so only the one at fault gets the 400;
+    the other sequence's request is answered and its state moves on."""
+    answers = run_pairs(server, "acc_checked_pair", (43, 44),
+                        [((1, 10), {"start": True}), ((2, 500), {}), ((3, 30), {"end": True})])
+    assert answers[(44, 500)][0] == 400, answers
+    assert answers[(43, 2)] == (200, {"OUTPUT": 3}), answers
+    assert answers[(43, 3)] == (200, {"OUTPUT": 6}), answers

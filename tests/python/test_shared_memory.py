@@ -25,6 +25,8 @@ sys.path.insert(0, str(ROOT / "tests/fixtures"))
 import make_triton_models  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+# The rows the `held` model waits for before it runs its batch.
+HELD_BATCH = 51
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +35,14 @@ def server(tmp_path_factory):
     make_triton_models.simple(repo, "simple")
     for t in ("object", "float16"):
         make_triton_models.add_sub_model(repo, f"onnx_{t}_{t}_{t}", True, t, t, t, [1])
-    # One request at a time, each held 200 ms: requests wait in its queue.
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "config.pbtxt").write_text(
-        'backend: "identity"\nmax_batch_size: 0\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n'
+    # Requests wait in its queue until HELD_BATCH rows are there, then run
+    # as one execution (the queue delay is only a hang guard).
+    (repo / "held" / "1").mkdir(parents=True)
+    (repo / "held" / "config.pbtxt").write_text(
+        f'backend: "identity"\nmax_batch_size: {HELD_BATCH}\ninstance_group [ {{ count: 1 kind: KIND_CPU }} ]\n'
         'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
-        'parameters { key: "execute_delay_ms" value: { string_value: "200" } }\n')
+        f'dynamic_batching {{ preferred_batch_size: [ {HELD_BATCH} ] max_queue_delay_microseconds: 600000000 }}\n')
     plinth = Plinth(repo, "--allow-client-shm=true")
     yield plinth
     plinth.stop()
@@ -333,29 +336,38 @@ def test_registration_needs_the_flag_and_the_restricted_header(tmp_path):
 def test_unregistering_during_50_requests_waits_for_them(server, regions):
     """Unregistering regions that 50 queued requests read and write
     succeeds at once; the output region stays listed and working until the
-    last request is done, and is then freed; every answer is right."""
-    n = 50
+    last request is done, and is then freed; every answer is right. The 50
+    wait in the queue of `held` until a 51st request completes its batch."""
+    n = HELD_BATCH - 1
     rows = np.arange(n * 16, dtype=np.int32).reshape(n, 16)
     shm.set_shared_memory_region(regions.create("many_in", n * 64), [rows])
     out = regions.create("many_out", n * 64)
     client = httpclient.InferenceServerClient(server.url, concurrency=n)
-    done_before = metric(server, "nv_inference_count", "slow")
+    executions = metric(server, "nv_inference_exec_count", "held")
+    done = metric(server, "nv_inference_count", "held")
     pending = []
     for i in range(n):
-        inputs = [shm_input("http", "INPUT0", "INT32", [16], "many_in", 64, offset=i * 64)]
+        inputs = [shm_input("http", "INPUT0", "INT32", [1, 16], "many_in", 64, offset=i * 64)]
         outputs = [shm_output("http", "OUTPUT0", "many_out", 64, offset=i * 64)]
-        pending.append(client.async_infer("slow", inputs, outputs=outputs))
-    queued = lambda: metric(server, "nv_inference_pending_request_count", "slow")  # noqa: E731
+        pending.append(client.async_infer("held", inputs, outputs=outputs))
     # Each request is decoded (its regions resolved and held) before it queues.
-    wait_until("every request is queued or done",
-               lambda: metric(server, "nv_inference_count", "slow") - done_before + queued() >= n - 1)
-    client.unregister_system_shared_memory()
-    names = [r["name"] for r in client.get_system_shared_memory_status()]
-    # Inputs are read when a request is decoded, so their region is free
-    # at once; requests still queued after the status was read held the
-    # output region while it was read.
-    assert names == ["many_out"] or queued() == 0, names
+    wait_until("the 50 requests are queued", lambda: metric(server, "nv_inference_pending_request_count", "held") == n)
+    # The other calls go through a client of their own: the 50 connections
+    # of `client` are all taken, and one of them taken again would close the
+    # request it carries (which the server then cancels).
+    control = httpclient.InferenceServerClient(server.url)
+    control.unregister_system_shared_memory()
+    # Inputs are read when a request is decoded, so their region is free at
+    # once; the 50 queued requests hold the output region.
+    assert [r["name"] for r in control.get_system_shared_memory_status()] == ["many_out"]
+    assert metric(server, "nv_inference_exec_count", "held") == executions, "a held request ran"
+    # The 51st row completes the batch.
+    last = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    last.set_data_from_numpy(np.full((1, 16), -1, np.int32))
+    assert control.infer("held", [last]).as_numpy("OUTPUT0").tolist() == [[-1] * 16]
     for request in pending:
         request.get_result()
     assert np.array_equal(shm.get_contents_as_numpy(out, np.int32, [n, 16]), rows)
-    wait_until("the regions are freed", lambda: client.get_system_shared_memory_status() == [])
+    assert metric(server, "nv_inference_exec_count", "held") == executions + 1, "all 51 ran as one execution"
+    assert metric(server, "nv_inference_count", "held") == done + HELD_BATCH
+    wait_until("the regions are freed", lambda: control.get_system_shared_memory_status() == [])

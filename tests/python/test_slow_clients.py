@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from conftest import HANG_GUARD_S, Plinth, identity_repository, rss, wait_until
+from conftest import HANG_GUARD_S, Plinth, identity_repository, rss, series_value, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -278,8 +278,9 @@ def metrics_text(server):
 
 
 def family_value(server, series):
-    prefix = series + " "
-    return next((float(l[len(prefix):]) for l in metrics_text(server).splitlines() if l.startswith(prefix)), 0.0)
+    """The value of `series`: the connection families exist at zero from
+    start, so an absent series fails."""
+    return series_value(server, series)
 
 
 def open_connections(server, listener):
@@ -288,6 +289,28 @@ def open_connections(server, listener):
 
 def refused(server, listener):
     return family_value(server, f'plinth_connections_refused_total{{listener="{listener}"}}')
+
+
+# How long a readiness probe may take before it counts as hanging: far
+# above an answer given at once on a loaded machine, far below
+# HEADER_TIMEOUT_S, when the slow connections would close and free a slot.
+PROBE_S = 5
+HEADER_TIMEOUT_S = 20
+
+
+def probe_ready(url):
+    """The status of GET /v2/health/ready on `url`, which must answer
+    within PROBE_S; a timeout, a refused or a reset connection fail."""
+    try:
+        return urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=PROBE_S).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (TimeoutError, socket.timeout) as e:
+        pytest.fail(f"the readiness probe got no answer within {PROBE_S} s: it hangs ({e!r})")
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (TimeoutError, socket.timeout)):
+            pytest.fail(f"the readiness probe got no answer within {PROBE_S} s: it hangs ({e!r})")
+        raise
 
 
 class LowFileLimit(Plinth):
@@ -312,11 +335,14 @@ def test_more_slow_clients_than_the_file_limit_allows_leave_readiness_reachable(
     """The scenario of a server whose file limit is below the slow
     connections thrown at it: each sends a request line and one header,
     then nothing. The default limits keep descriptors for the server, so
-    the excess is refused at accept; readiness answers or is refused at
-    once, never left hanging; the metrics port answers; once the slow
-    connections are closed by the header timeout, readiness answers 200."""
+    the excess is refused at accept; a readiness probe sent while every
+    connection the listener allows is held gets its 503 at once (a probe
+    left hanging fails at PROBE_S); the metrics port answers; once the slow
+    connections are closed by the header timeout, readiness answers 200.
+    The header timeout is long enough that no slow connection is closed
+    before the probe (checked), so the probe's answer can only be the 503."""
     repo = identity_repository(tmp_path / "repo")
-    plinth = LowFileLimit(repo, "--http-header-read-timeout", "5")
+    plinth = LowFileLimit(repo, "--http-header-read-timeout", str(HEADER_TIMEOUT_S))
     slow = []
     try:
         for _ in range(LowFileLimit.FILES + 100):
@@ -324,13 +350,14 @@ def test_more_slow_clients_than_the_file_limit_allows_leave_readiness_reachable(
             conn.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: plinth\r\n")
             slow.append(conn)
         wait_until("the excess is refused", lambda: refused(plinth, "http") > 0)
-        # Readiness is answered or refused at once: the probe never hangs.
-        status = ready_status(plinth.url)
-        assert status in (200, 503, None), status
+        # Readiness is refused at once with a 503: the probe never hangs.
+        assert probe_ready(plinth.url) == 503
+        header_timeouts = 'plinth_connections_slow_client_total{listener="http",reason="header_timeout"}'
+        assert family_value(plinth, header_timeouts) == 0, "a slow connection was closed before the probe"
         assert "plinth_connections_open" in metrics_text(plinth)
         wait_until("readiness answers 200 once the slow connections are closed",
                    lambda: ready_status(plinth.url) == 200)
-        assert family_value(plinth, 'plinth_connections_slow_client_total{listener="http",reason="header_timeout"}') > 0
+        assert family_value(plinth, header_timeouts) > 0
     finally:
         for conn in slow:
             conn.close()

@@ -2,9 +2,12 @@
 test makes with the `openssl` command: tritonclient's gRPC client with
 ssl=True (server TLS, and mutual TLS refusing a client without a
 certificate of the roots), curl over HTTPS (the KServe routes, the status
-page, /metrics on its own TLS port, OpenAI's route, HTTP/2 by ALPN, TLS 1.1
-refused), a certificate rotated in place under traffic with no failed
-request and the new certificate served afterwards, and a broken new
+page, /metrics on its own TLS port, OpenAI's route, HTTP/2 by ALPN), TLS
+1.0 and 1.1 refused by the server and counted as failed handshakes
+(through a Python client shown to negotiate TLS 1.1 with a server that
+allows it: curl cannot offer TLS 1.1 with this OpenSSL), a certificate
+rotated in place under traffic with no failed request and the new
+certificate served afterwards, and a broken new
 certificate, an expired one, one not yet valid and a FIFO in place of the
 file, each of which keeps the one in use (and leaves the watcher able to
 load the next good one)."""
@@ -15,15 +18,16 @@ import os
 import pathlib
 import ssl
 import subprocess
+import socket
 import threading
-import urllib.request
+import warnings
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, Plinth, identity_repository, wait_until
+from conftest import HANG_GUARD_S, Plinth, identity_repository, series_value, wait_until
 
 
 def openssl(*args, cwd):
@@ -130,15 +134,104 @@ def test_grpc_mutual_tls_refuses_a_client_without_a_certificate_of_its_root(pki,
         plinth.stop()
 
 
-def tls_failures(plinth, listener):
-    return family(plinth, f'plinth_tls_handshake_failures_total{{listener="{listener}"}}')
+def tls_failures(plinth, listener, context=None):
+    """Failed TLS handshakes on `listener`; the series appears with the
+    first failure (docs/observability.md), so none yet is 0."""
+    scheme = "https" if context else "http"
+    return series_value(plinth, f'plinth_tls_handshake_failures_total{{listener="{listener}"}}', default=0.0,
+                        scheme=scheme, context=context)
 
 
-def family(plinth, series, scheme="http", context=None):
-    text = urllib.request.urlopen(f"{scheme}://{plinth.metrics_url}/metrics", timeout=HANG_GUARD_S,
-                                  context=context).read().decode()
-    prefix = series + " "
-    return next((float(l[len(prefix):]) for l in text.splitlines() if l.startswith(prefix)), 0.0)
+def old_tls_client(ca):
+    """A client context that offers TLS 1.0 and 1.1 and nothing newer. The
+    ciphers those versions sign with (SHA-1) are allowed by OpenSSL 3 only at
+    security level 0, and curl does not lower it, so curl cannot offer TLS
+    1.1 at all here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1
+        context.maximum_version = ssl.TLSVersion.TLSv1_1
+    context.set_ciphers("DEFAULT@SECLEVEL=0")
+    context.load_verify_locations(cafile=str(ca))
+    return context
+
+
+def handshake(context, port):
+    """A TLS handshake with `localhost:port`: the protocol version agreed,
+    or the SSLError the handshake ended with."""
+    with socket.create_connection(("localhost", port), timeout=HANG_GUARD_S) as tcp:
+        try:
+            with context.wrap_socket(tcp, server_hostname="localhost") as tls:
+                return tls.version()
+        except ssl.SSLError as e:
+            return e
+
+
+class OldTlsServer:
+    """A TLS server on a free port that allows TLS 1.0 and 1.1 (OpenSSL at
+    security level 0), serving `cert`: proof that a client can really
+    offer TLS 1.1. Its accept thread ends with the first connection."""
+
+    def __init__(self, cert, key):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.context.minimum_version = ssl.TLSVersion.TLSv1
+            self.context.maximum_version = ssl.TLSVersion.TLSv1_1
+        self.context.set_ciphers("DEFAULT@SECLEVEL=0")
+        self.context.load_cert_chain(str(cert), str(key))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(HANG_GUARD_S)
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve_one, daemon=True)
+        self.thread.start()
+
+    def _serve_one(self):
+        conn, _ = self.listener.accept()
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)  # until the client closes
+        except (ssl.SSLError, OSError):
+            pass
+
+    def close(self):
+        self.thread.join(timeout=HANG_GUARD_S)
+        self.listener.close()
+
+
+def test_tls_1_0_and_1_1_are_refused_and_counted(pki, repository):
+    cert, key = pki["server"]
+    client = old_tls_client(pki["ca"])
+    # The client really offers TLS 1.1: a server that allows it agrees.
+    old = OldTlsServer(cert, key)
+    try:
+        assert handshake(client, old.port) == "TLSv1.1"
+    finally:
+        old.close()
+    plinth = Plinth(repository, "--http-ssl-cert", str(cert), "--http-ssl-key", str(key))
+    try:
+        port_http = int(port(plinth.url))
+        modern = ssl.create_default_context(cafile=str(pki["ca"]))
+        assert handshake(modern, port_http) in ("TLSv1.2", "TLSv1.3")
+        assert tls_failures(plinth, "http") == 0
+        # The server's alert ends the handshake (a client-side refusal would
+        # be UNSUPPORTED_PROTOCOL or NO_PROTOCOLS_AVAILABLE, with nothing sent).
+        refused = handshake(client, port_http)
+        assert isinstance(refused, ssl.SSLError), f"Plinth agreed to {refused}"
+        assert refused.reason == "SSLV3_ALERT_HANDSHAKE_FAILURE", refused
+        wait_until("the refused handshake is counted", lambda: tls_failures(plinth, "http") >= 1)
+        assert tls_failures(plinth, "http") == 1
+        # TLS 1.0 alone, the same.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            client.maximum_version = ssl.TLSVersion.TLSv1
+        refused = handshake(client, port_http)
+        assert isinstance(refused, ssl.SSLError) and refused.reason == "SSLV3_ALERT_HANDSHAKE_FAILURE", refused
+        wait_until("the second refusal is counted", lambda: tls_failures(plinth, "http") >= 2)
+        assert tls_failures(plinth, "http") == 2
+    finally:
+        plinth.stop()
 
 
 def curl(*args):
@@ -170,9 +263,7 @@ def test_https_and_metrics_over_tls_with_curl(pki, repository):
         assert code == 0 and json.loads(out) == {"object": "list", "data": []}, out
         code, out = curl(*ca, f"https://localhost:{port(plinth.metrics_url)}/metrics")
         assert code == 0 and 'plinth_tls_certificate_loads_total{listener="metrics",result="ok"} 1' in out, out
-        # TLS 1.2 and 1.3 only; plain HTTP gets nothing.
-        code, out = curl(*ca, "--tlsv1.0", "--tls-max", "1.1", f"{base}/v2/health/live")
-        assert code != 0, out
+        # TLS 1.2 is served (1.0 and 1.1 are refused: see the test above); plain HTTP gets nothing.
         code, out = curl(*ca, "--tlsv1.2", "--tls-max", "1.2", "-o", "/dev/null", "-w", "%{http_code}",
                          f"{base}/v2/health/live")
         assert (code, out) == (0, "200"), out

@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use self::policy::{SequencePolicy, Strategy};
-use self::rows::RowInputs;
+use self::rows::{RowAnswer, RowInputs};
 use super::Timing;
 use super::rate_limiter::{self, Registration};
 use crate::backend::{Backend, BackendError};
@@ -687,31 +687,31 @@ impl Shared {
     }
 
     /// Runs one execution and answers each request in it; stores each
-    /// sequence's next state and ends the sequences whose END ran.
+    /// sequence's next state and ends the sequences whose END ran. When
+    /// the backend refuses the combined input, each request runs alone, so
+    /// that only the one at fault fails (its sequence's state stays as it
+    /// was, as any failed request's does).
     fn execute(&self, instance: &dyn Backend, rows: Vec<Row>) {
         let (taken, began) = (Instant::now(), std::time::SystemTime::now());
         for job in rows.iter().filter_map(|r| r.job.as_ref()) {
             self.metrics.queued(taken.duration_since(job.enqueued));
         }
-        // A panic anywhere in the execution fails its requests; the worker
-        // and the sequences' slots survive it.
-        let mut phases = (Duration::ZERO, Duration::ZERO);
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let row_inputs: Vec<&RowInputs> = rows.iter().map(|r| &r.inputs).collect();
-            let inputs = rows::batch_inputs(&self.policy, &row_inputs).map_err(BackendError::InvalidInput)?;
-            phases.0 = taken.elapsed();
-            let started = Instant::now();
-            let outputs = instance.execute(inputs);
-            phases.1 = started.elapsed();
-            outputs.and_then(|outputs| rows::split(&self.policy, outputs, &row_inputs).map_err(BackendError::Failed))
-        }))
-        .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
-        let (gathered, infer) = phases;
-        let compute = Compute { input: gathered, infer, output: taken.elapsed().saturating_sub(gathered + infer) };
+        let row_inputs: Vec<&RowInputs> = rows.iter().map(|r| &r.inputs).collect();
         let requests = rows.iter().filter(|r| r.job.is_some()).count();
-        self.metrics.executed_padded(rows.len(), requests, compute, result.is_ok());
-        let answers = match result {
+        let (result, compute) = self.run(instance, &row_inputs, requests, taken);
+        let answers: Vec<Result<RowAnswer, Error>> = match result {
             Ok(per_row) => per_row.into_iter().map(Ok).collect(),
+            Err(BackendError::InvalidInput(_)) if requests > 1 => rows
+                .iter()
+                .map(|row| match row.job {
+                    // A padding row answers no one.
+                    None => Err(Error::Internal("padding".into())),
+                    Some(_) => {
+                        let (alone, _) = self.run(instance, &[&row.inputs], 1, Instant::now());
+                        alone.map(|mut one| one.remove(0)).map_err(|e| super::model_error(&self.model, e))
+                    }
+                })
+                .collect(),
             Err(e) => vec![Err(super::model_error(&self.model, e)); rows.len()],
         };
         let mut state = self.lock();
@@ -729,6 +729,34 @@ impl Shared {
             }
         }
         self.wake.notify_all();
+    }
+
+    /// One execution of `rows` (`requests` of them real, the rest padding)
+    /// taken from the queue at `taken`, counted in the model's statistics:
+    /// each row's answer, and where the time went.
+    fn run(
+        &self,
+        instance: &dyn Backend,
+        rows: &[&RowInputs],
+        requests: usize,
+        taken: Instant,
+    ) -> (Result<Vec<RowAnswer>, BackendError>, Compute) {
+        // A panic anywhere in the execution fails its requests; the worker
+        // and the sequences' slots survive it.
+        let mut phases = (Duration::ZERO, Duration::ZERO);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let inputs = rows::batch_inputs(&self.policy, rows).map_err(BackendError::InvalidInput)?;
+            phases.0 = taken.elapsed();
+            let started = Instant::now();
+            let outputs = instance.execute(inputs);
+            phases.1 = started.elapsed();
+            outputs.and_then(|outputs| rows::split(&self.policy, outputs, rows).map_err(BackendError::Failed))
+        }))
+        .unwrap_or_else(|_| Err(BackendError::Failed("the backend panicked".into())));
+        let (gathered, infer) = phases;
+        let compute = Compute { input: gathered, infer, output: taken.elapsed().saturating_sub(gathered + infer) };
+        self.metrics.executed_padded(rows.len(), requests, compute, result.is_ok());
+        (result, compute)
     }
 
     /// A request of sequence `id` (`serial`) finished, leaving `next` as

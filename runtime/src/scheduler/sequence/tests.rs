@@ -148,6 +148,26 @@ async fn a_failed_request_leaves_the_sequence_s_state_as_it_was() {
     }
 }
 
+/// docs/scheduling.md: when the model refuses a batch's input, each
+/// request runs alone, so only the one at fault fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_shared_execution_fails_only_the_request_at_fault() {
+    let gate = Gate::closed();
+    let f = fixture(2, "oldest { max_candidate_sequences: 4 }", Some(gate.clone()));
+    let first = f.send(1, 10, "start");
+    gate.wait_for_waiters(1);
+    let (other, faulty) = (f.send(2, 100, "start"), f.send(1, -1, ""));
+    f.wait_for_pending(2);
+    gate.open();
+    assert_eq!(first.await.unwrap(), Ok(10));
+    assert_eq!(other.await.unwrap(), Ok(100), "the other sequence's request is answered");
+    assert!(faulty.await.unwrap().is_err());
+    let rows: Vec<usize> = f.backend.ready.lock().iter().map(Vec::len).collect();
+    assert_eq!(rows, [1, 2, 1, 1], "the pair was refused, then each ran alone");
+    assert_eq!(f.run(1, 1, "end").await, Ok(11), "sequence 1's state is still 10");
+    assert_eq!(f.run(2, 5, "end").await, Ok(105));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_accumulates_within_a_sequence_and_never_leaks_into_another() {
     for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
