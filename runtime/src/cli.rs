@@ -137,6 +137,13 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 2000)]
     pub plugin_timeout_ms: u64,
 
+    /// Quote a trapped plugin's panic message and stderr in the error
+    /// response (they can hold the client's input); without it the
+    /// response names the model, plugin, phase and the panic's source
+    /// location, and the log has the rest.
+    #[arg(long)]
+    pub plugin_panic_details: bool,
+
     /// Plugin calls running at once across all models (default: one per core).
     #[arg(long)]
     pub plugin_concurrency: Option<usize>,
@@ -475,6 +482,7 @@ impl LoadArgs {
                 call_timeout: Duration::from_millis(self.plugin_timeout_ms),
                 concurrency: self.plugin_concurrency.unwrap_or(cores),
                 instances: 0,
+                panic_details: self.plugin_panic_details,
             },
             plugin_cache_dir: match &self.plugin_cache_dir {
                 Some(p) if p.as_os_str() == "none" => None,

@@ -4,14 +4,18 @@ The section "Your first plugin, from nothing" is executed as written: its
 ```sh blocks, in order, as one bash script (so the server it starts in the
 background serves the later steps), and its ```LANG file=PATH blocks
 written to PATH first where the text puts them. Only the ports change (to
-free ones), and `plinth` is the bundle's (`scripts/dist.sh`), so the SDK
-that `plinth plugin new` uses is the bundle's, not the checkout's. Each
-command followed by a `# ...` line must print exactly that line.
+free ones). The script runs in a folder holding only the bundle
+(`scripts/dist.sh`, as `plinth/`), with an environment that has nothing of
+Plinth's: `PATH` is the system's and the Rust toolchain's, so `plinth` is
+found only through the page's own set-up step, and `set -u` fails a
+command that uses a variable the page has not set. Each command followed
+by a `# ...` line must print exactly that line.
 """
 
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -66,6 +70,14 @@ def script(blocks, ports):
     return "\n".join(out) + "\n", expected
 
 
+def reader_environment():
+    """What a new user's shell has: a home, the system's programs and the
+    Rust toolchain (`cargo`, `rustup`), and nothing of Plinth's."""
+    cargo = pathlib.Path(shutil.which("cargo")).parent
+    keep = {key: os.environ[key] for key in ("HOME", "CARGO_HOME", "RUSTUP_HOME", "LANG") if key in os.environ}
+    return {**keep, "PATH": f"{cargo}:/usr/local/bin:/usr/bin:/bin"}
+
+
 def stop(group):
     """SIGTERM to what is left of the walkthrough's process group."""
     try:
@@ -85,9 +97,8 @@ def test_the_plugin_walkthrough_adds_a_model_to_a_running_server():
         bundle = work / "plinth"
         text, expected = script(blocks, free_ports(3))
         (work / "walkthrough.sh").write_text(text)
-        env = dict(os.environ, PATH=f"{bundle / 'bin'}:{os.environ['PATH']}",
-                   PLINTH_EXAMPLES=str(bundle / "share/plinth/examples"))
-        env.pop("ORT_DYLIB_PATH", None)
+        assert bundle == work / "plinth", "the page's set-up step finds the bundle as plinth/"
+        env = reader_environment()
         # Its own session, so that the server it starts in the background
         # stops with it; output to a file, not a pipe, because that server
         # keeps its copy of stdout open after the script ends.

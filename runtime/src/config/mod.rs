@@ -48,8 +48,52 @@ static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
 pub fn parse(text: &str) -> Result<ModelConfig, String> {
     let desc = DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in the descriptor set");
     let text = colon_before_lists(text.strip_prefix('\u{feff}').unwrap_or(text));
-    let message = DynamicMessage::parse_text_format(desc, &text).map_err(|e| e.to_string())?;
+    let message = DynamicMessage::parse_text_format(desc, &text).map_err(|e| explain(&e, &text))?;
     message.transcode_to::<ModelConfig>().map_err(|e| e.to_string())
+}
+
+/// A text-format parse error of `text` as a person reads it: its line, and
+/// for a misspelt field or enum value the name meant, in Triton's names
+/// (`ModelInput`, not `inference.ModelInput`). `colon_before_lists` adds
+/// no line, so the line is the file's.
+fn explain(e: &prost_reflect::text_format::ParseError, text: &str) -> String {
+    use miette::Diagnostic;
+    let what = reword(&e.to_string());
+    let offset = e.labels().and_then(|mut labels| labels.next()).map(|label| label.offset());
+    match offset {
+        Some(at) => format!("line {}: {what}", text[..at.min(text.len())].matches('\n').count() + 1),
+        None => what,
+    }
+}
+
+/// prost-reflect's wording of an unknown field or enum value, in words a
+/// model's author knows, with the closest known name.
+fn reword(message: &str) -> String {
+    let quoted: Vec<&str> = message.split('\'').skip(1).step_by(2).collect();
+    let short = |full: &str| full.strip_prefix("inference.").unwrap_or(full).to_owned();
+    match quoted[..] {
+        [field, owner] if message.starts_with("field ") => {
+            let names =
+                DESCRIPTORS.get_message_by_name(owner).map(|m| m.fields().map(|f| f.name().to_owned()).collect());
+            let place = if owner == "inference.ModelConfig" { "the model configuration".into() } else { short(owner) };
+            format!("unknown field '{field}' in {place}{}", did_you_mean(field, names.unwrap_or_default()))
+        }
+        [value, owner] if message.starts_with("value ") => {
+            let names = DESCRIPTORS.get_enum_by_name(owner).map(|e| e.values().map(|v| v.name().to_owned()).collect());
+            format!("unknown {} value '{value}'{}", short(owner), did_you_mean(value, names.unwrap_or_default()))
+        }
+        _ => message.to_owned(),
+    }
+}
+
+/// "; did you mean 'NAME'?" for the name of `names` closest to `typed`,
+/// when one is close (a few letters apart); else nothing.
+fn did_you_mean(typed: &str, names: Vec<String>) -> String {
+    let closest = names.into_iter().map(|n| (strsim::levenshtein(typed, &n), n)).min();
+    match closest {
+        Some((distance, name)) if distance <= (typed.len() / 3).max(2) => format!("; did you mean '{name}'?"),
+        _ => String::new(),
+    }
 }
 
 /// Adds the optional `:` between a field name and a `[` list, which the
@@ -343,10 +387,17 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_errors_that_name_the_field() {
-        let err = parse("name: \"m\"\nmax_batchsize: 4").unwrap_err();
-        assert!(err.contains("max_batchsize"), "{err}");
-        let err = parse("input [ { name: \"x\" data_type: TYPE_FLOAT } ]").unwrap_err();
-        assert!(err.contains("TYPE_FLOAT"), "{err}");
+        let err = parse("name: \"m\"\nmax_batch_sise: 4").unwrap_err();
+        assert_eq!(
+            err,
+            "line 2: unknown field 'max_batch_sise' in the model configuration; did you mean 'max_batch_size'?"
+        );
+        let err = parse("name: \"m\"\ninput [\n  { name: \"x\" data_type: TYPE_FLOAT } ]").unwrap_err();
+        assert_eq!(err, "line 3: unknown DataType value 'TYPE_FLOAT'");
+        let err = parse("input [ { nmae: \"x\" } ]").unwrap_err();
+        assert_eq!(err, "line 1: unknown field 'nmae' in ModelInput; did you mean 'name'?");
+        let err = parse("no_such_thing_at_all: 1").unwrap_err();
+        assert_eq!(err, "line 1: unknown field 'no_such_thing_at_all' in the model configuration");
     }
 
     #[test]

@@ -256,7 +256,14 @@ fn load_plugin(
 ) -> Result<Plugin, String> {
     let wasm = dir.path.join(file);
     if !wasm.exists() {
-        return Err(format!("plugin '{file}' named in {} is not in {}", config::CONFIG_FILE, dir.path.display()));
+        // cargo writes a crate `csv-doubler` as `csv_doubler.wasm`.
+        let underscored = file.replace('-', "_");
+        let hint = if underscored != file && dir.path.join(&underscored).is_file() {
+            format!("; did you mean '{underscored}'? (cargo writes a crate's '-' as '_' in its .wasm name)")
+        } else {
+            String::new()
+        };
+        return Err(format!("plugin '{file}' named in {} is not in {}{hint}", config::CONFIG_FILE, dir.path.display()));
     }
     if !wasm.is_file() {
         return Err(format!("plugin '{file}' in {} is not a file", dir.path.display()));

@@ -46,7 +46,10 @@ impl Runtimes {
         let gpus = Arc::new(crate::gpu::Gpus::probe());
         match gpus.absence() {
             None => tracing::info!(gpus = ?gpus.devices(), "NVML lists the GPUs"),
-            Some(why) => tracing::info!(%why, "no GPU"),
+            Some(why) => {
+                tracing::info!("no NVIDIA GPU found; serving on the CPU");
+                tracing::debug!(%why, "why NVML lists no GPU");
+            }
         }
         Ok(Runtimes {
             frameworks: Frameworks::start(ort_dylib.map(Path::to_path_buf).or_else(bundled_onnxruntime).as_deref())?,

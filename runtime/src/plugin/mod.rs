@@ -28,6 +28,7 @@ pub mod scaffold;
 #[cfg(test)]
 mod tests;
 mod timing;
+mod trap;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,6 +84,11 @@ pub struct PluginLimits {
     /// The most instances (and calls at once) of one model's plugin; 0 for
     /// no limit beyond `concurrency`.
     pub instances: usize,
+    /// `--plugin-panic-details`: a trapped call's error response quotes the
+    /// plugin's panic message and stderr (which can hold the client's
+    /// input); without it only the panic's source location (the log has
+    /// everything either way).
+    pub panic_details: bool,
 }
 
 impl PluginLimits {
@@ -146,6 +152,7 @@ impl Default for PluginLimits {
             call_timeout: Duration::from_millis(2000),
             concurrency: std::thread::available_parallelism().map_or(1, usize::from),
             instances: 0,
+            panic_details: false,
         }
     }
 }
@@ -654,10 +661,8 @@ impl Plugin {
         let output = String::from_utf8_lossy(output.get(from..).unwrap_or_default());
         let output = output.trim();
         let tail = &output[output.floor_char_boundary(output.len().saturating_sub(STDERR_QUOTED))..];
-        if tail.is_empty() {
-            self.failed(&format!("trapped in {export}: {reason}"))
-        } else {
-            self.failed(&format!("trapped in {export}: {reason}; its stderr: {tail}"))
-        }
+        let described = trap::describe(&reason, tail, self.limits.panic_details);
+        tracing::warn!(plugin = %self.label, export, "trapped: {}", described.logged);
+        self.failed(&format!("trapped in {export}: {}", described.shown))
     }
 }

@@ -167,7 +167,12 @@ async fn a_trapping_plugin_fails_its_call_and_the_next_call_gets_a_fresh_instanc
     let f = load(PluginLimits::default());
     let error = failed(f.preprocess("trap").await);
     assert!(error.starts_with("plugin 'faulty.wasm' of model 'm' trapped in preprocess"), "{error}");
-    assert!(error.contains("deliberate trap requested by the test"), "its panic message is quoted: {error}");
+    assert!(error.contains("it panicked at faulty/src/lib.rs:36:"), "the panic's location is given: {error}");
+    assert!(!error.contains("deliberate trap"), "its message stays in the log: {error}");
+    assert!(!error.contains("RUST_BACKTRACE") && !error.contains('\n'), "{error}");
+    let detailed = load(PluginLimits { panic_details: true, ..PluginLimits::default() });
+    let error = failed(detailed.preprocess("trap").await);
+    assert!(error.ends_with(": deliberate trap requested by the test"), "--plugin-panic-details quotes it: {error}");
     let inputs = f.preprocess("ok").await.unwrap();
     assert_eq!((inputs[0].name.as_str(), inputs[0].shape.as_slice()), ("x", &[1, 2][..]));
     assert_eq!(f.metric("plinth_plugin_traps_total"), r#"plinth_plugin_traps_total{model="m",version="1"} 1"#);

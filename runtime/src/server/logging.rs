@@ -73,6 +73,38 @@ impl Settings {
     }
 }
 
+/// stderr, one record per line: a newline inside a record (a message or
+/// field that quotes several lines) is written as `\n`, so that line-based
+/// log shipping sees one record per line. tracing-subscriber formats a
+/// whole record and writes it with one `write_all`, which is one `write`
+/// here.
+struct OneLine;
+
+impl std::io::Write for OneLine {
+    fn write(&mut self, record: &[u8]) -> std::io::Result<usize> {
+        let body = record.strip_suffix(b"\n").unwrap_or(record);
+        let mut stderr = std::io::stderr().lock();
+        if !body.contains(&b'\n') {
+            stderr.write_all(record)?;
+            return Ok(record.len());
+        }
+        let mut line = Vec::with_capacity(record.len() + 16);
+        for &byte in body {
+            match byte {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                other => line.push(other),
+            }
+        }
+        line.extend_from_slice(&record[body.len()..]);
+        stderr.write_all(&line)?;
+        Ok(record.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// The running log: its settings and the handle that changes its level.
 pub struct Logging {
     settings: Mutex<Settings>,
@@ -87,7 +119,7 @@ impl Logging {
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| settings.filter());
         let (filter, handle) = reload::Layer::new(filter);
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+        let lines = tracing_subscriber::fmt::layer().with_writer(|| OneLine).with_ansi(ansi);
         let registry = tracing_subscriber::registry().with(filter);
         match format {
             LogFormat::Default | LogFormat::Iso8601 => registry.with(lines).init(),
