@@ -179,10 +179,11 @@ fn a_load_storm_stays_bounded_and_the_hot_model_keeps_answering() {
             loop {
                 let (status, body) = read_hello(server, "hot");
                 assert_eq!((status, body["text"].as_str()), (200, Some("Hello World")), "hot model: {body}");
-                answers += 1;
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {
                     return answers;
                 }
+                // Answered while the storm still went on.
+                answers += 1;
             }
         });
         let storm: Vec<_> = cold.iter().map(|name| s.spawn(move || (name, classify(server, name)))).collect();
@@ -197,7 +198,7 @@ fn a_load_storm_stays_bounded_and_the_hot_model_keeps_answering() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         hot.join().unwrap()
     });
-    assert!(hot_answers > 0);
+    assert!(hot_answers > 0, "the hot model answered nothing while the cold ones loaded");
     assert!(max_concurrent_loads(&server.log()) <= 2, "more than 2 loads ran at once:\n{}", server.log());
     assert_eq!(server.get("/v2/health/live").0, 200, "the server survived the storm");
     let used = server.metric("plinth_memory_used_bytes") as u64;
