@@ -11,6 +11,7 @@ from the execution timestamps of every request (the `compute` spans of
 request tracing), and the wait shows in the metrics; with two copies, or
 with the rate limiter off (its settings and flag accepted, not applied),
 they do run at once, as does an instance whose group lists no resources.
+The same acceptance over real ONNX Runtime sessions doing real work.
 
 Triton's dynamic batching case is not rebuilt: it relies on Triton's
 TRITONSERVER_DELAY_SCHEDULER test hook, which holds Triton's scheduler
@@ -26,7 +27,7 @@ import tritonclient.http as httpclient
 from conftest import HANG_GUARD_S, Plinth, metric, wait_until
 from test_sequences import CONTROLS, STATE, accumulator
 from test_tracing import http_collector, tracing_flags  # noqa: F401 (a fixture)
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper, save
 
 # Triton's L0 client: 80 requests per model, 8 in flight, stop when one model has sent 80.
 INFERENCE_COUNT = 80
@@ -316,6 +317,54 @@ def test_two_models_sharing_one_copy_never_execute_at_once(tmp_path, http_collec
                 assert waited == 0, (model, waited)
             elif not together:
                 assert 0 < waited <= queued, (model, waited, queued)
+    finally:
+        server.stop()
+
+
+def busy_onnx_model(repo, name, limiter):
+    """An ONNX model with the zero model's tensors whose execution is real
+    work for ONNX Runtime: twenty 256x256 matrix products on weights that
+    depend on the input (so nothing is folded at load), added to the input
+    times zero; OUTPUT0 equals INPUT0. One instance, `limiter` its
+    rate_limiter text."""
+    (repo / name / "1").mkdir(parents=True)
+    value = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "n"])  # noqa: E731
+    weights = np.random.RandomState(0).rand(256, 256).astype(np.float32) / 256
+    nodes = [helper.make_node("ReduceSum", ["INPUT0"], ["total"], keepdims=0),
+             helper.make_node("Mul", ["total", "zero"], ["nothing"]),
+             helper.make_node("Add", ["W", "nothing"], ["m0"])]
+    nodes += [helper.make_node("MatMul", [f"m{i}", "W"], [f"m{i + 1}"]) for i in range(20)]
+    nodes += [helper.make_node("ReduceSum", ["m20"], ["product"], keepdims=0),
+              helper.make_node("Mul", ["product", "zero"], ["none"]),
+              helper.make_node("Add", ["INPUT0", "none"], ["OUTPUT0"])]
+    initializers = [numpy_helper.from_array(weights, "W"), numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+    graph = helper.make_graph(nodes, name, [value("INPUT0")], [value("OUTPUT0")], initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    save(model, repo / name / "1/model.onnx")
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f"instance_group [ {{ kind: KIND_CPU count: 1 rate_limiter {{ {limiter} }} }} ]\n")
+
+
+@pytest.mark.parametrize("copies, together", [(1, False), (2, True)], ids=["one-copy", "two-copies"])
+def test_onnx_runtime_instances_sharing_one_copy_never_execute_at_once(tmp_path, http_collector, copies, together):
+    """The acceptance above over real ONNX Runtime sessions instead of the
+    identity backend's sleep: with one copy of the resource both models'
+    instances need, no session run of one overlaps a run of the other;
+    with two, they do."""
+    for name in ("a", "b"):
+        busy_onnx_model(tmp_path, name, 'resources [ { name: "cores" count: 1 } ]')
+    server = Plinth(tmp_path, "--rate-limit=execution_count", f"--rate-limit-resource=cores:{copies}",
+                    *tracing_flags(http_collector))
+    try:
+        since = len(http_collector.spans)
+        counts, _ = stress(server, ["a", "b"])
+        intervals = compute_intervals(http_collector, since, sum(counts.values()))
+        assert len(intervals["a"]) >= counts["a"] and len(intervals["b"]) >= counts["b"]
+        assert overlapping(intervals["a"], intervals["b"]) == together, counts
     finally:
         server.stop()
 
