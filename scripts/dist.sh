@@ -48,8 +48,10 @@ sed -e "s/^version.workspace = true/version = \"$version\"/" \
     plugin-sdk/Cargo.toml > "$sdk/Cargo.toml"
 printf '\n# Standalone: not a member of the crate that depends on it.\n[workspace]\n' >> "$sdk/Cargo.toml"
 cp -r wit "$out/share/plinth/wit"
-# The clients and the walkthrough model of the docs (docs/plugins.md).
+# The clients and the walkthrough model of the docs (docs/plugins.md), and the
+# guide itself, so that a reader with only the bundle can follow it.
 cp -r examples "$out/share/plinth/examples"
+cp -r docs "$out/share/plinth/docs"
 
 python3 scripts/licenses.py .cache/wheels "$out/LICENSES" libtorch
 echo "   bundle in $out ($(du -sh "$out" | cut -f1))"

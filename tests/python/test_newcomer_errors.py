@@ -99,7 +99,8 @@ def test_a_panic_names_its_location_and_logs_its_message_on_one_line(server):
     assert error.startswith("plugin 'faulty.wasm' of model 'faulty' trapped in preprocess: "), error
     assert "it panicked at faulty/src/lib.rs:36:" in error, error
     assert "deliberate trap" not in error and "RUST_BACKTRACE" not in error, "the message stays in the log"
-    logged = server.wait_for_log(r"trapped: .*deliberate trap requested by the test")
+    logged = server.wait_for_log(
+        r"plugin 'faulty.wasm' of model 'faulty' trapped in preprocess: .*deliberate trap requested by the test")
     assert "RUST_BACKTRACE" not in logged
     strays = [line for line in server.log if not RECORD.match(line)]
     assert strays == [], f"log lines that are not records of their own: {strays}"

@@ -662,7 +662,7 @@ impl Plugin {
         let output = output.trim();
         let tail = &output[output.floor_char_boundary(output.len().saturating_sub(STDERR_QUOTED))..];
         let described = trap::describe(&reason, tail, self.limits.panic_details);
-        tracing::warn!(plugin = %self.label, export, "trapped: {}", described.logged);
+        tracing::warn!("{} trapped in {export}: {}", self.label, described.logged);
         self.failed(&format!("trapped in {export}: {}", described.shown))
     }
 }
