@@ -7,6 +7,7 @@ HANG_GUARD_S only turns a hang into a failure."""
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -135,6 +136,20 @@ def metric(server, family, model, version=1, default=None):
     `server`'s /metrics; an absent series fails (NoSuchSeries) unless
     `default` is given (see `series_value`)."""
     return series_value(server, f'{family}{{model="{model}",version="{version}"}}', default=default)
+
+
+def faulty_model(folder, *parameters, plugin_file="faulty.wasm", config_plugin="faulty.wasm"):
+    """Writes into `folder` the ocr_cls network behind the test plugin that
+    misbehaves on request (`plugins/faulty`), copied as `plugin_file` and
+    named `config_plugin` in its config.pbtxt, with the (key, value)
+    `parameters` added there; returns `folder`."""
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
+    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / plugin_file)
+    lines = [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+             for k, v in [("plugin", config_plugin), *parameters]]
+    (folder / "config.pbtxt").write_text("max_batch_size: 1\n" + "".join(lines))
+    return folder
 
 
 def patient_plugins(extra):

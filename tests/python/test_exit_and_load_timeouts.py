@@ -15,7 +15,6 @@ until the test creates a file, so it outlasts the timeout for certain."""
 
 import http.client
 import json
-import shutil
 import signal
 import threading
 import urllib.error
@@ -24,7 +23,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import HANG_GUARD_S, ROOT, Plinth, metric, series_value, wait_until
+from conftest import HANG_GUARD_S, Plinth, faulty_model, metric, series_value, wait_until
 
 
 def post(server, path, body, content_type="application/json"):
@@ -133,18 +132,10 @@ def end(server):
 
 @pytest.fixture
 def held_repository(tmp_path):
-    """`held`: the ocr_cls network behind the test plugin, whose init (part
-    of the load) waits for the file `1/release`."""
-    folder = tmp_path / "repo" / "held"
-    (folder / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
-    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / "faulty.wasm")
-    (folder / "config.pbtxt").write_text(
-        'max_batch_size: 1\n'
-        'parameters { key: "plugin" value: { string_value: "faulty.wasm" } }\n'
-        'parameters { key: "faulty.init_wait" value: { string_value: "release" } }\n'
-        'parameters { key: "plugin.timeout_ms" value: { string_value: "600000" } }\n')
-    return folder
+    """`held`: the test plugin's model, whose init (part of the load) waits
+    for the file `1/release`."""
+    return faulty_model(tmp_path / "repo" / "held", ("faulty.init_wait", "release"),
+                        ("plugin.timeout_ms", "600000"))
 
 
 def test_on_demand_a_request_waits_at_most_the_load_timeout_and_the_load_goes_on(held_repository):

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, save
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from conftest import HANG_GUARD_S, ROOT, Plinth, rss, series_value, wait_until
+from conftest import HANG_GUARD_S, ROOT, Plinth, faulty_model, rss, series_value, wait_until
 
 MIB = 1 << 20
 BUDGET = 2048 * MIB
@@ -64,30 +64,15 @@ def pulled(tmp_path_factory):
 
 def held_model(folder):
     """A model folder whose load stays LOADING until `release(folder)`: the
-    ocr_cls network behind the test plugin that misbehaves on request, whose
-    init waits for the file `1/release`."""
-    (folder / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
-    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / "faulty.wasm")
-    (folder / "config.pbtxt").write_text(
-        'max_batch_size: 1\n'
-        'parameters { key: "plugin" value: { string_value: "faulty.wasm" } }\n'
-        'parameters { key: "faulty.init_wait" value: { string_value: "release" } }\n'
-        # Only a guard against a hang: the test releases it.
-        'parameters { key: "plugin.timeout_ms" value: { string_value: "600000" } }\n')
-    return folder
+    test plugin's init waits for the file `1/release` (the time limit is
+    only a guard against a hang: the test releases it)."""
+    return faulty_model(folder, ("faulty.init_wait", "release"), ("plugin.timeout_ms", "600000"))
 
 
 def waiting_model(folder):
     """A model folder whose requests with the body `wait:go` stay in its
-    plugin until the file `1/go` exists: the ocr_cls network behind the
-    test plugin that misbehaves on request."""
-    (folder / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
-    shutil.copy(ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm", folder / "faulty.wasm")
-    (folder / "config.pbtxt").write_text('max_batch_size: 1\n'
-                                         'parameters { key: "plugin" value: { string_value: "faulty.wasm" } }\n')
-    return folder
+    plugin until the file `1/go` exists."""
+    return faulty_model(folder)
 
 
 def predict(server, model_id, body):

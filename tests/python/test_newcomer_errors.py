@@ -19,9 +19,8 @@ import urllib.request
 
 import pytest
 
-from conftest import HANG_GUARD_S, ROOT, Plinth
+from conftest import HANG_GUARD_S, ROOT, Plinth, faulty_model
 
-FAULTY = ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm"
 PREFIX = "Request for unknown model: '{}' has no available versions: it is UNAVAILABLE: "
 # Every record of the default log format begins with its timestamp.
 RECORD = re.compile(r"^\S*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
@@ -35,15 +34,6 @@ def post(server, path, body):
             return answer.status, json.load(answer)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
-
-
-def faulty_model(folder, plugin_file="faulty.wasm", config_plugin="faulty.wasm"):
-    """The ocr_cls network behind the test plugin, in `folder`."""
-    (folder / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository/ocr_cls/1/model.onnx", folder / "1/model.onnx")
-    shutil.copy(FAULTY, folder / plugin_file)
-    (folder / "config.pbtxt").write_text(
-        f'max_batch_size: 1\nparameters {{ key: "plugin" value: {{ string_value: "{config_plugin}" }} }}\n')
 
 
 @pytest.fixture(scope="module")

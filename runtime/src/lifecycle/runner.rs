@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::Lifecycle;
-use super::serve::{Caller, InferCall, NO_HEADERS};
+use super::serve::{Caller, InferCall, NO_HEADERS, for_callee};
 use crate::config::Signature;
 use crate::error::Error;
 use crate::model::{Model, OutputRequest};
@@ -29,7 +29,10 @@ impl ModelRunner for Lifecycle {
         Box::pin(async move {
             let requested = outputs.iter().map(|name| OutputRequest::named(name)).collect();
             let call = InferCall { tensors: inputs, requested, options };
-            let accepted = self.accept(&model, version, NO_HEADERS, Caller::Composed).await?;
+            let accepted = match &call.options.sequence {
+                Some(_) => self.accept_sequence_step(&model, version).await?,
+                None => self.accept(&model, version, NO_HEADERS, Caller::Composed).await?,
+            };
             Ok(accepted.infer(None, |_| Ok((call, ()))).await?.outputs)
         })
     }
@@ -118,16 +121,11 @@ async fn infer_on(
     callee: &Model,
     inputs: Vec<Tensor>,
     outputs: &[String],
-    mut options: RequestOptions,
+    options: RequestOptions,
     runner: Arc<dyn ModelRunner>,
 ) -> Result<Vec<Tensor>, Error> {
     let requested: Vec<OutputRequest> = outputs.iter().map(|name| OutputRequest::named(name)).collect();
-    // An ensemble's sequence reaches the steps that are sequence models
-    // (or ensembles); the others run as if it had none.
-    if !callee.takes_sequences() {
-        options.sequence = None;
-    }
-    let (outputs, _) = callee.infer(inputs, &requested, options, &runner).await?;
+    let (outputs, _) = callee.infer(inputs, &requested, for_callee(callee, options), &runner).await?;
     Ok(outputs)
 }
 

@@ -117,6 +117,31 @@ impl Lifecycle {
         let model = self.route(name, version, headers).await?;
         Ok(Accepted { lifecycle: self.clone(), model, named: version, caller })
     }
+
+    /// As [`Lifecycle::accept`], for a composed call of a sequence: its id
+    /// keeps it on one version ([`Accepted::infer`] re-routes it by the
+    /// id), so it takes no turn in the rollout's split by count.
+    ///
+    /// # Errors
+    /// As [`Lifecycle::resolve`].
+    pub(super) async fn accept_sequence_step(
+        self: &Arc<Self>,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<Accepted, Error> {
+        let model = self.resolve(name, version).await?;
+        Ok(Accepted { lifecycle: self.clone(), model, named: version, caller: Caller::Composed })
+    }
+}
+
+/// `options` for a composed call to `callee`: an ensemble's sequence
+/// reaches the steps that are sequence models (or ensembles); the others
+/// run as if it had none.
+pub(super) fn for_callee(callee: &Model, mut options: RequestOptions) -> RequestOptions {
+    if !callee.takes_sequences() {
+        options.sequence = None;
+    }
+    options
 }
 
 impl Accepted {
@@ -147,18 +172,13 @@ impl Accepted {
             span.set(KeyValue::new("request_id", id.clone()));
         }
         call.options.trace = trace.or(call.options.trace);
-        if call.options.sequence.is_some() && !model.takes_sequences() {
-            if caller == Caller::Composed {
-                // An ensemble's sequence reaches the steps that are
-                // sequence models (or ensembles); the others run as if it
-                // had none.
-                call.options.sequence = None;
-            } else {
-                return Err(model.refused(Error::InvalidArgument(format!(
-                    "model '{}' has no sequence_batching: the request parameters 'sequence_id', 'sequence_start' and 'sequence_end' are for sequence models",
-                    model.name
-                ))));
-            }
+        if caller == Caller::Composed {
+            call.options = for_callee(&model, call.options);
+        } else if call.options.sequence.is_some() && !model.takes_sequences() {
+            return Err(model.refused(Error::InvalidArgument(format!(
+                "model '{}' has no sequence_batching: the request parameters 'sequence_id', 'sequence_start' and 'sequence_end' are for sequence models",
+                model.name
+            ))));
         }
         // A sequence's requests carry state: they are never shadowed.
         let shadowed = caller == Caller::Client && call.options.sequence.is_none();

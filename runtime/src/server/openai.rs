@@ -243,8 +243,7 @@ pub async fn embeddings(
 ) -> Result<Response, OpenAiError> {
     let body = body.map_err(|e| OpenAiError::from(super::routes::rejected_body(&service, e)))?;
     let request = EmbeddingsRequest::parse(&body)?;
-    let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let accepted = service.accept(&request.model, None, &header).await?;
+    let accepted = service.accept(&request.model, None, &super::routes::header_of(&headers)).await?;
     if !opts_in(accepted.model()) {
         return Err(OpenAiError::model_not_found(format!(
             "model '{}' does not serve embeddings: its config.pbtxt does not set the parameter '{EMBEDDINGS_PARAMETER}' to \"true\"",

@@ -65,9 +65,14 @@ impl ModelRef {
     /// that serves it (see [`Service::accept`]; `headers` for a sticky
     /// rollout).
     async fn accept(&self, service: &Service, headers: &HeaderMap) -> Result<Accepted, Error> {
-        let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        service.accept(&self.name, self.version, &header).await
+        service.accept(&self.name, self.version, &header_of(headers)).await
     }
+}
+
+/// Looks up a request header's text by name, for a rollout's
+/// `sticky_header`; `None` when absent or not visible ASCII.
+pub(super) fn header_of(headers: &HeaderMap) -> impl Fn(&str) -> Option<String> + Sync + '_ {
+    |key| headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 /// `GET /v2/health/live`: 200 while the process serves HTTP.
