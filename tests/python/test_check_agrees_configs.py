@@ -67,6 +67,11 @@ CONFIG_REFUSED = {
                                f"output [ {tensor('output', '[ 1 ]', 'reshape { shape: [ ] }')} ]\n",
                                ["output 'output'", "empty 'reshape'", "scalar"]),
     "negative_batch": ("max_batch_size: -3\n" + IO, ["'max_batch_size'", "non-negative"]),
+    # Plinth's own parameters (Triton has no such keys): every bad one named.
+    "bad_parameters": (IO + "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in [
+                           ("pinned", "yes"), ("plugin.timout_ms", "5"), ("gpu_swap_policy", "swap"),
+                           ("remote.retries", "many"), ("labels", "a plugin's own key")]),
+                       ["'pinned'", "'plugin.timout_ms'", "'gpu_swap_policy'", "'remote.retries'"]),
     "default_level_outside": ("max_batch_size: 8\ndynamic_batching { priority_levels: 4 default_priority_level: 6 }\n" + IO,
                               ["default priority level", "range [1, 4]"]),
     "queue_policy_level_outside": ("max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 1 "

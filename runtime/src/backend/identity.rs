@@ -8,13 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
-use crate::config::{self, Signature};
+use crate::config::Signature;
 use crate::tensor::Tensor;
-
-/// The parameter that makes each execution wait this many milliseconds
-/// before answering (the identity backend's `execute_delay_ms`, used to
-/// stand in for a slow model).
-pub const DELAY_PARAMETER: &str = "execute_delay_ms";
 
 /// The identity backend: no runtime, no file.
 pub struct Identity;
@@ -25,13 +20,8 @@ impl Framework for Identity {
     }
 
     fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
-        let delay = match config::parameter(model.config, DELAY_PARAMETER) {
-            None => 0,
-            Some(v) => v.trim().parse::<u64>().map_err(|_| {
-                format!("parameter '{DELAY_PARAMETER}' must be a whole number of milliseconds, got '{v}'")
-            })?,
-        };
-        let delay = Duration::from_millis(delay);
+        // `execute_delay_ms`: a stand-in for a slow model.
+        let delay = model.parameters.execute_delay;
         placements.iter().map(|_| IdentityModel::new(model.signature, delay)).collect::<Result<_, _>>().map(shared)
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::config::{ModelConfig, Signature};
+use crate::config::{ModelConfig, Parameters, Signature};
 use crate::gpu::Gpus;
 use crate::tensor::{DataType, Tensor};
 
@@ -160,6 +160,8 @@ pub struct LoadContext<'a> {
     pub version_dir: &'a Path,
     /// The model's configuration.
     pub config: &'a ModelConfig,
+    /// Its Plinth parameters, parsed (the framework's own keys among them).
+    pub parameters: &'a Parameters,
     /// The tensors the configuration declares to the backend (before
     /// completion from the model file).
     pub signature: &'a Signature,
@@ -177,10 +179,11 @@ impl<'a> LoadContext<'a> {
         name: &'a str,
         version_dir: &'a Path,
         config: &'a ModelConfig,
+        parameters: &'a Parameters,
         signature: &'a Signature,
         gpus: &'a Gpus,
     ) -> LoadContext<'a> {
-        LoadContext { name, version_dir, config, signature, gpus, device_bytes: Mutex::default() }
+        LoadContext { name, version_dir, config, parameters, signature, gpus, device_bytes: Mutex::default() }
     }
 
     /// The model file: `default_model_filename` when the configuration

@@ -19,6 +19,7 @@ use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor as OrtTensor, T
 use parking_lot::Mutex;
 
 use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
+use crate::config::parameters::OnnxParameters;
 use crate::config::{self, ModelConfig};
 use crate::gpu::Gpus;
 use crate::tensor::{DataType, Tensor, bytes_elements, push_bytes_element};
@@ -34,9 +35,6 @@ pub const CUDA_PROVIDER_LIBRARY: &str = "libonnxruntime_providers_cuda.so";
 /// What `make setup-gpu` does, for error messages.
 const GPU_HINT: &str = "`make setup-gpu` installs onnxruntime-gpu==1.31.1 and its CUDA 13 libraries, \
     and `make serve GPU=1` serves with them";
-
-/// ONNX Runtime's session parameter for busy-waiting intra-op threads.
-const SPINNING_PARAMETER: &str = "session.intra_op.allow_spinning";
 
 /// ONNX Runtime as a framework: `None` when no library was given (ONNX
 /// models then fail to load, saying how to give it).
@@ -89,7 +87,7 @@ impl Framework for Onnx {
             return Err(format!("model file {} does not exist; {hint}", path.display()));
         }
         let runtime = self.runtime()?;
-        let options = session_options(model.config, placements.len())?;
+        let options = session_options(model.config, model.parameters.onnx, placements.len());
         let load = |&p: &Placement| model.measured(p, || runtime.load(&path, options, p));
         placements.iter().map(load).collect::<Result<_, _>>().map(shared)
     }
@@ -136,27 +134,14 @@ fn not_onnx(name: &str, version_dir: &Path, config: &ModelConfig, path: &Path) -
 /// threads from sleep, which doubled ocr_rec's run on two cores (43 ms
 /// against 86 ms); "0" leaves the cores to HTTP, plugins and other models
 /// between runs.
-fn session_options(config: &ModelConfig, instances: usize) -> Result<SessionOptions, String> {
-    let count = |key: &str| match config::parameter(config, key) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
-    };
+fn session_options(config: &ModelConfig, keys: OnnxParameters, instances: usize) -> SessionOptions {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let spinning = match config::parameter(config, SPINNING_PARAMETER).map(str::trim) {
-        Some("0") => false,
-        None | Some("1") => true,
-        Some(v) => return Err(format!("parameter '{SPINNING_PARAMETER}' must be \"0\" or \"1\", got '{v}'")),
-    };
-    Ok(SessionOptions {
-        intra_op_threads: count("intra_op_thread_count")?.unwrap_or((cores / instances).max(1)),
-        inter_op_threads: count("inter_op_thread_count")?.unwrap_or(0),
-        intra_op_spinning: spinning,
+    SessionOptions {
+        intra_op_threads: keys.intra_op_threads.unwrap_or((cores / instances).max(1)),
+        inter_op_threads: keys.inter_op_threads.unwrap_or(0),
+        intra_op_spinning: keys.allow_spinning,
         graph_level: config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level),
-    })
+    }
 }
 
 /// The loaded ONNX Runtime library; creates sessions.

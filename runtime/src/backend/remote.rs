@@ -21,23 +21,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Backend, BackendError, BackendKind, Description, Framework, LoadContext, ModelIo, Placement, shared};
-use crate::config::{self, ModelConfig, Signature};
+use crate::config::Signature;
+use crate::config::parameters::RemoteParameters;
 use crate::protocol::binary::{self, HEADER_LENGTH};
 use crate::protocol::json::{self, InputTensor, TensorList};
 use crate::tensor::{DataType, Tensor};
 
 /// The largest response read from a remote, in bytes.
 const MAX_RESPONSE_BYTES: u64 = 1 << 30;
-
-/// The `remote.*` parameters this backend reads; any other is a typo.
-const PARAMETERS: [&str; 6] = [
-    "remote.url",
-    "remote.model",
-    "remote.version",
-    "remote.timeout_ms",
-    "remote.retries",
-    "remote.repository_control",
-];
 
 /// Remote models this server loaded through `remote.repository_control`,
 /// keyed by (URL, model), with the number of live versions of local models
@@ -65,52 +56,25 @@ pub struct RemoteConfig {
 }
 
 impl RemoteConfig {
-    /// Reads the `remote.*` parameters of `config`; `name` is the local
-    /// model's name.
+    /// The remote model `keys` (the parsed `remote.*` parameters) name;
+    /// `name` is the local model's name, the default remote one.
     ///
     /// # Errors
-    /// A message naming the parameter when `remote.url` is missing or not
-    /// an `http://` URL, or a number or flag does not parse.
-    pub fn from_config(config: &ModelConfig, name: &str) -> Result<RemoteConfig, String> {
-        let unknown = config.parameters.keys().find(|k| k.starts_with("remote.") && !PARAMETERS.contains(&k.as_str()));
-        if let Some(unknown) = unknown {
-            return Err(format!("unknown parameter '{unknown}'; a remote model reads {PARAMETERS:?}"));
-        }
-        let param = |key: &str| config::parameter(config, key).map(str::trim).filter(|v| !v.is_empty());
-        let number = |key: &str, default: u64| match param(key) {
-            None => Ok(default),
-            Some(v) => v.parse::<u64>().map_err(|_| format!("parameter '{key}' must be a whole number, got '{v}'")),
-        };
-        let url =
-            param("remote.url").ok_or("a remote model needs the parameter 'remote.url' (e.g. http://host:8000)")?;
-        let host = url.get(..7).filter(|scheme| scheme.eq_ignore_ascii_case("http://")).map(|_| &url[7..]);
-        let Some(host) = host.filter(|h| !h.is_empty() && !h.starts_with('/') && !h.contains(['?', '#', ' '])) else {
-            return Err(format!(
-                "parameter 'remote.url' must be an http:// URL of a server (http://host:port, an optional path, no query), got '{url}'"
-            ));
-        };
-        let model = param("remote.model").unwrap_or(name);
+    /// A message naming the parameter when `remote.url` is missing or
+    /// `remote.model` is not a model name.
+    pub fn from_parameters(keys: &RemoteParameters, name: &str) -> Result<RemoteConfig, String> {
+        let url = keys.url.clone().ok_or("a remote model needs the parameter 'remote.url' (e.g. http://host:8000)")?;
+        let model = keys.model.as_deref().unwrap_or(name);
         if !crate::repository::is_model_name(model) || model.contains(['?', '#', '%']) {
             return Err(format!("parameter 'remote.model' is not a model name: '{model}'"));
         }
-        let version = match param("remote.version") {
-            None => None,
-            Some(v) => Some(crate::repository::parse_version(v).ok_or_else(|| {
-                format!("parameter 'remote.version' must be a version number without leading zeros, got '{v}'")
-            })?),
-        };
-        let repository_control = match param("remote.repository_control") {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(v) => return Err(format!("parameter 'remote.repository_control' must be \"0\" or \"1\", got '{v}'")),
-        };
         Ok(RemoteConfig {
-            url: format!("http://{}", host.trim_end_matches('/')),
+            url,
             model: model.to_owned(),
-            version,
-            timeout: Duration::from_millis(number("remote.timeout_ms", 5000)?.max(1)),
-            retries: usize::try_from(number("remote.retries", 2)?).unwrap_or(usize::MAX).min(10),
-            repository_control,
+            version: keys.version,
+            timeout: keys.timeout,
+            retries: keys.retries,
+            repository_control: keys.repository_control,
         })
     }
 
@@ -146,7 +110,7 @@ impl Framework for Remote {
     }
 
     fn load(&self, model: &LoadContext<'_>, placements: &[Placement]) -> Result<Vec<Arc<dyn Backend>>, String> {
-        let config = RemoteConfig::from_config(model.config, model.name)?;
+        let config = RemoteConfig::from_parameters(&model.parameters.remote, model.name)?;
         RemoteModel::connect(config, model.signature, placements.len()).map(shared)
     }
 }
@@ -465,6 +429,7 @@ fn decode(header_length: Option<usize>, body: &[u8], expected: &[ModelIo]) -> Re
 
 #[cfg(test)]
 mod tests {
+    use crate::config::{ModelConfig, Parameters};
     use super::*;
 
     fn io(name: &str) -> ModelIo {
@@ -501,12 +466,13 @@ mod tests {
             r#"name: "m" backend: "remote" parameters { key: "remote.url" value { string_value: "http://h:1/" } }"#,
         )
         .unwrap();
-        let remote = RemoteConfig::from_config(&config, "m").unwrap();
+        let remote = RemoteConfig::from_parameters(&Parameters::parse(&config).unwrap().remote, "m").unwrap();
         assert_eq!(remote.url, "http://h:1");
         assert_eq!(remote.model, "m");
         assert_eq!(remote.timeout, Duration::from_secs(5));
         assert_eq!(remote.model_url(), "http://h:1/v2/models/m");
         let no_url: ModelConfig = crate::config::parse(r#"name: "m" backend: "remote""#).unwrap();
-        assert!(RemoteConfig::from_config(&no_url, "m").unwrap_err().contains("remote.url"));
+        let keys = Parameters::parse(&no_url).unwrap().remote;
+        assert!(RemoteConfig::from_parameters(&keys, "m").unwrap_err().contains("remote.url"));
     }
 }

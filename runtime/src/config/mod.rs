@@ -25,16 +25,14 @@ pub mod proto {
 pub use proto::ModelConfig;
 
 mod backends;
+pub mod parameters;
 pub mod validate;
 
 pub use backends::{BackendKind, served};
+pub use parameters::{GpuSwapPolicy, Parameters};
 
 /// The file name of a model's configuration inside its folder.
 pub const CONFIG_FILE: &str = "config.pbtxt";
-
-/// The `parameters` key that names a model's plugin (`.wasm` file in the
-/// model folder).
-pub const PLUGIN_PARAMETER: &str = "plugin";
 
 static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
     DescriptorPool::decode(include_bytes!(concat!(env!("OUT_DIR"), "/model_config.bin")).as_ref())
@@ -312,25 +310,6 @@ impl Signature {
     }
 }
 
-/// The string value of `parameters { key: <key> ... }`, if set.
-pub fn parameter<'a>(config: &'a ModelConfig, key: &str) -> Option<&'a str> {
-    config.parameters.get(key).map(|p| p.string_value.as_str())
-}
-
-/// Plinth's parameter saying where a model's files come from (a set-up
-/// step, a sync job), for when they are not there yet.
-pub const MISSING_FILES_HINT_PARAMETER: &str = "missing_files_hint";
-
-/// `reason`, a load failure because files are missing, followed by the
-/// model's [`MISSING_FILES_HINT_PARAMETER`] when it has one, so that the
-/// error says how to place them.
-pub fn with_missing_files_hint(config: &ModelConfig, reason: String) -> String {
-    match parameter(config, MISSING_FILES_HINT_PARAMETER) {
-        Some(hint) if !hint.is_empty() => format!("{reason}; {hint}"),
-        _ => reason,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,7 +343,7 @@ mod tests {
         assert_eq!(c.max_batch_size, 8);
         assert_eq!(c.input[0].dims, vec![3, 48, -1]);
         assert_eq!(c.instance_group[0].count, 2);
-        assert_eq!(parameter(&c, PLUGIN_PARAMETER), Some("ocr_rec.wasm"));
+        assert_eq!(Parameters::parse(&c).unwrap().plugin.unwrap().file, "ocr_rec.wasm");
         assert_eq!(c.model_warmup[0].inputs["x"].dims, vec![3, 48, 320]);
         let Some(proto::model_config::SchedulingChoice::DynamicBatching(b)) = &c.scheduling_choice else {
             panic!("dynamic_batching was not kept")

@@ -111,6 +111,7 @@ pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
     instance_groups(config, &mut p);
     optimization(config.optimization.as_ref(), &mut p);
     unsupported(config, &mut p);
+    p.0.extend(super::Parameters::parse(config).err().unwrap_or_default());
     if p.0.is_empty() { Ok(()) } else { Err(p.0) }
 }
 

@@ -18,9 +18,6 @@ use crate::repository::{ModelDir, ModelFiles, Repositories, ScanError};
 use crate::residency::{Footprint, Residency};
 use crate::rollout::Rollouts;
 
-/// The `config.pbtxt` parameter that keeps a model resident: `pinned: "true"`.
-pub const PINNED_PARAMETER: &str = "pinned";
-
 /// Why an evicted model is not serving.
 const EVICTED: &str = "evicted to stay within the memory budget; the next request loads it again";
 

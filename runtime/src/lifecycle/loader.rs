@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::config::{self, ModelConfig, PLUGIN_PARAMETER};
+use crate::config::{ModelConfig, Parameters};
 use crate::drain;
 use crate::error::LoadError;
 use crate::model::{Model, Runtimes};
@@ -53,8 +53,8 @@ impl Loader for RuntimeLoader {
         // A plugin compiles into the cache (once per process and file)
         // first, so the load itself only maps the compiled code. A failure
         // here is reported by the load itself.
-        if let Some(file) = config::parameter(config, PLUGIN_PARAMETER).filter(|f| !f.is_empty()) {
-            let wasm = dir.path.join(file);
+        if let Some(own) = Parameters::parse(config).ok().and_then(|p| p.plugin).filter(|p| !p.file.is_empty()) {
+            let wasm = dir.path.join(&own.file);
             if wasm.is_file() && crate::repository::is_within(&wasm, &dir.path) {
                 let _ = self.runtimes.plugins.precompile(&wasm);
             }

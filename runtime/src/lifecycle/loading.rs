@@ -7,13 +7,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::core::{Core, PINNED_PARAMETER};
+use super::core::Core;
 use super::ensemble::{self, StepLabels};
 use super::records::{LoadKey, ModelRecord};
 use super::request::{self, LoadRequest};
 use super::runner::WarmUpRunner;
-use super::swap::SwapPolicy;
-use crate::config::{self, ModelConfig, Signature};
+use crate::config::{self, ModelConfig, Parameters, Signature};
 use crate::error::LoadError;
 use crate::model::{Ensemble, Model};
 use crate::repository::{self, ModelDir, ModelFiles};
@@ -154,9 +153,9 @@ impl Core {
         let name = &dir.name;
         let config = model_config(dir, config_json, options.rename)
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
-        // Checked on every model, not only when a swap needs it.
-        SwapPolicy::of(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
-        let declared = rollout::declared_plan(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
+        let parameters = Parameters::of(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
+        let declared = rollout::declared_plan(parameters.rollout.as_deref())
+            .map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
         let mut step_labels = StepLabels::new();
         if let Some(ensemble) = Ensemble::from_config(&config) {
             let signature = Signature::from_config(&config).map_err(LoadError::Failed);
@@ -172,10 +171,9 @@ impl Core {
         let available: Vec<u64> = files.versions.keys().copied().collect();
         let targets = repository::select_versions(config.version_policy.as_ref(), &available);
         if targets.is_empty() {
-            let reason = config::with_missing_files_hint(
-                &config,
-                format!("no version folder for its version_policy among {available:?} (numeric folders such as 1/)"),
-            );
+            let reason = parameters.with_missing_files_hint(format!(
+                "no version folder for its version_policy among {available:?} (numeric folders such as 1/)"
+            ));
             return Err(self.cannot_load(name, LoadError::Failed(reason)));
         }
         // With a declared rollout, the version answering now stays beside
@@ -201,7 +199,7 @@ impl Core {
             if !self.retire_unkept(name, keep, &available, record) {
                 return Ok(());
             }
-            return self.settle_config(name, &config, record).map_err(LoadError::Failed);
+            return self.settle_config(name, &parameters, record).map_err(LoadError::Failed);
         }
         // A swap that does not fit on its GPU is settled first, so that a
         // refused one evicts nothing.
@@ -241,7 +239,7 @@ impl Core {
             self.roll_out_new_version(name, plan, candidate, serving);
         }
         self.retire_unkept(name, keep, &available, record);
-        self.settle_config(name, &config, record).map_err(LoadError::Failed)?;
+        self.settle_config(name, &parameters, record).map_err(LoadError::Failed)?;
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
     }
 
@@ -261,9 +259,8 @@ impl Core {
 
     /// [`Core::settle`] with the footprint of `record`'s versions, pinned
     /// when `config` says so.
-    fn settle_config(&self, name: &str, config: &ModelConfig, record: &ModelRecord) -> Result<(), String> {
-        let pinned = config::parameter(config, PINNED_PARAMETER) == Some("true");
-        self.settle(name, record.footprint(), pinned)
+    fn settle_config(&self, name: &str, parameters: &Parameters, record: &ModelRecord) -> Result<(), String> {
+        self.settle(name, record.footprint(), parameters.pinned)
     }
 
     /// Room for loading `name`, whose new version files hold `new_bytes`.

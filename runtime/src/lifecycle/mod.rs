@@ -39,7 +39,6 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::PINNED_PARAMETER;
 /// What the rollout API answers: the lifecycle carries rollouts out, so
 /// the front ends reach them through it only.
 pub use crate::rollout::{Figures, Phase, RolloutStatus};
@@ -49,7 +48,6 @@ pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
 pub use request::{FILE_PREFIX, LoadRequest};
 pub use runtimes::LoadingOptions;
 pub use serve::{Accepted, Caller, Headers, InferCall, Inferred, NO_HEADERS};
-pub use swap::{GPU_SWAP_PARAMETER, SwapPolicy};
 
 use std::sync::Arc;
 

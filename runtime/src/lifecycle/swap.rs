@@ -6,42 +6,10 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::records::ModelRecord;
-use crate::config::{self, ModelConfig};
+use crate::config::{GpuSwapPolicy, ModelConfig, Parameters};
 use crate::drain::InUse;
 use crate::model::Model;
 use crate::residency::{self, Footprint};
-
-/// The `config.pbtxt` parameter that says what a new version does when it
-/// does not fit on its GPU beside the version serving: `gpu_swap_policy`,
-/// [`SwapPolicy`]'s values.
-pub const GPU_SWAP_PARAMETER: &str = "gpu_swap_policy";
-
-/// What a hot swap does on a GPU without room for both versions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SwapPolicy {
-    /// `refuse` (the default): the swap fails with a message, and the
-    /// version serving keeps serving.
-    Refuse,
-    /// `unload_first`: the versions serving are unloaded first; requests
-    /// get 503 until the new version is READY.
-    UnloadFirst,
-}
-
-impl SwapPolicy {
-    /// The policy `config` names.
-    ///
-    /// # Errors
-    /// A message naming the parameter for a value that is neither.
-    pub fn of(config: &ModelConfig) -> Result<SwapPolicy, String> {
-        match config::parameter(config, GPU_SWAP_PARAMETER).map(str::trim) {
-            None | Some("refuse") => Ok(SwapPolicy::Refuse),
-            Some("unload_first") => Ok(SwapPolicy::UnloadFirst),
-            Some(other) => {
-                Err(format!("parameter '{GPU_SWAP_PARAMETER}' must be \"refuse\" or \"unload_first\", got '{other}'"))
-            }
-        }
-    }
-}
 
 impl Core {
     /// Whether a new version of `name` fits on its GPUs beside the versions
@@ -50,7 +18,7 @@ impl Core {
     /// and within the memory NVML says is free on the device. Only GPUs the
     /// new configuration may use are checked (a move to the CPU needs no
     /// room there; a GPU the model never used is measured at load, as a
-    /// first load is). Where it does not fit, [`SwapPolicy`] decides:
+    /// first load is). Where it does not fit, [`GpuSwapPolicy`] decides:
     /// refused, or the versions serving are unloaded first. Loading anyway
     /// could run the device out of memory in the middle of the swap.
     ///
@@ -58,9 +26,9 @@ impl Core {
     /// (requests in flight on them finish first; at most the load timeout).
     ///
     /// # Errors
-    /// Under [`SwapPolicy::Refuse`], a message naming the GPU, both sizes
+    /// Under [`GpuSwapPolicy::Refuse`], a message naming the GPU, both sizes
     /// and the parameter that allows unloading first; under
-    /// [`SwapPolicy::UnloadFirst`], when requests still hold the old
+    /// [`GpuSwapPolicy::UnloadFirst`], when requests still hold the old
     /// versions at the load timeout or the GPU is still short of room; a
     /// bad policy value.
     pub(super) async fn room_to_swap(
@@ -79,19 +47,19 @@ impl Core {
         if wanted.is_empty() {
             return Ok(false);
         }
-        let policy = SwapPolicy::of(config)?;
+        let policy = Parameters::of(config)?.gpu_swap_policy;
         // Device memory only: the host budget is settled after the load.
         let both = Footprint { host: 0, devices: wanted.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
         let budget = self.residency.check_free_on_gpus(name, &both).err();
         let Some(reason) = budget.or_else(|| self.short_of_device_memory(&wanted)) else { return Ok(false) };
         match policy {
-            SwapPolicy::Refuse => Err(format!(
+            GpuSwapPolicy::Refuse => Err(format!(
                 "model '{name}': a new version does not fit beside the one serving ({serving}): {reason}; the version serving \
-                 keeps serving (parameter '{GPU_SWAP_PARAMETER}: unload_first' unloads it first, at the cost of \
+                 keeps serving (parameter 'gpu_swap_policy: unload_first' unloads it first, at the cost of \
                  503s until the new one is READY)"
             )),
-            SwapPolicy::UnloadFirst => {
-                tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap ({GPU_SWAP_PARAMETER})");
+            GpuSwapPolicy::UnloadFirst => {
+                tracing::warn!(model = %name, %reason, "unloading the versions serving before the swap (gpu_swap_policy)");
                 let old = self.registry.make_way(name);
                 self.forget_residency(name);
                 record.loaded.clear();

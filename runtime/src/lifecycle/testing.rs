@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::{ControlMode, Lifecycle, LoadLimits, Loader};
 use crate::backend::Backend;
 use crate::backend::fake::{Doubler, Gate};
-use crate::config::{self, ModelConfig, Signature};
+use crate::config::{ModelConfig, Parameters, Signature};
 use crate::error::LoadError;
 use crate::metrics::Metrics;
 use crate::model::{Ensemble, Model, ModelParts, Scheduling};
@@ -56,14 +56,17 @@ impl Loader for FakeLoader {
         if let Some(gate) = &self.gate {
             gate.pass();
         }
-        if let Some(message) = config::parameter(config, "fake.fail") {
+        let parameter = |key: &str| config.parameters.get(key).map(|p| p.string_value.as_str());
+        if let Some(message) = parameter("fake.fail") {
             return Err(LoadError::Failed(message.to_owned()));
         }
-        let bytes = config::parameter(config, "fake.bytes").map_or(FAKE_BYTES, |b| b.parse().unwrap());
+        let bytes = parameter("fake.bytes").map_or(FAKE_BYTES, |b| b.parse().unwrap());
+        let parameters = Parameters::of(config).map_err(LoadError::Failed)?;
         if let Some(ensemble) = Ensemble::from_config(config) {
             let signature = Signature::from_config(config).map_err(LoadError::Failed)?;
             let metrics = self.metrics.for_model(&dir.name, version);
-            return Ok((Model::ensemble(&dir.name, version, config, signature, ensemble, metrics), bytes));
+            let model = Model::ensemble(&dir.name, version, config, parameters, signature, ensemble, metrics);
+            return Ok((model, bytes));
         }
         let spec = |name: &str| TensorSpec::new(name, DataType::Fp32, &[1]);
         let signature = Signature {
@@ -78,6 +81,7 @@ impl Loader for FakeLoader {
             name: &dir.name,
             version,
             config,
+            parameters,
             signature,
             instances,
             scheduling: Scheduling::Dynamic(policy),
@@ -85,7 +89,7 @@ impl Loader for FakeLoader {
             plugin: None,
             rate_limited: None,
         });
-        if let Some(gpu) = config::parameter(config, "fake.gpu_bytes") {
+        if let Some(gpu) = parameter("fake.gpu_bytes") {
             model.set_device_bytes([(0, gpu.parse().unwrap())].into());
         }
         Ok((model, bytes))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::runtimes::Runtimes;
 use crate::backend::{Backend, BackendKind, LoadContext, Placement};
 use crate::config::proto::model_instance_group::Kind;
-use crate::config::{ModelConfig, Signature};
+use crate::config::{ModelConfig, Parameters, Signature};
 use crate::scheduler::rate_limiter::{Device, InstanceLimits};
 
 /// The most instances one model may have: each is a full session or module,
@@ -39,6 +39,7 @@ pub fn load(
     name: &str,
     version_dir: &Path,
     config: &ModelConfig,
+    parameters: &Parameters,
     signature: &Signature,
     rt: &Runtimes,
 ) -> Result<Instances, String> {
@@ -47,7 +48,7 @@ pub fn load(
     let placed = placed(config, framework.default_instances(), &gpus).map_err(|e| format!("model '{name}': {e}"))?;
     let limits = placed.iter().map(|&(at, group)| rate_limits(config, at, group)).collect();
     let placements: Vec<Placement> = placed.into_iter().map(|(at, _)| at).collect();
-    let context = LoadContext::new(name, version_dir, config, signature, &rt.gpus);
+    let context = LoadContext::new(name, version_dir, config, parameters, signature, &rt.gpus);
     let backends = framework.load(&context, &placements)?;
     Ok(Instances { backends, limits, device_bytes: context.device_bytes() })
 }

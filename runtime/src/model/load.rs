@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::backend::Backend;
-use crate::config::{self, ModelConfig, PLUGIN_PARAMETER, Signature};
+use crate::config::{self, ModelConfig, Parameters, Signature};
 use crate::drain::FreedOffThread;
 use crate::metrics::{ModelMetrics, PluginMetrics};
 use crate::plugin::{ModelInfo, Plugin, PluginHost};
@@ -33,6 +33,8 @@ pub struct ModelParts<'a> {
     pub version: u64,
     /// The configuration as `config.pbtxt` states it.
     pub config: &'a ModelConfig,
+    /// Its Plinth parameters, parsed.
+    pub parameters: Parameters,
     /// The inputs and outputs served, complete.
     pub signature: Signature,
     /// One backend per instance; at least one.
@@ -76,10 +78,11 @@ impl Model {
     /// invalid model file, a configuration that does not match the model
     /// (naming the tensor and both values), or a plugin that does not load.
     pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
+        let parameters = Parameters::of(config)?;
         if let Some(ensemble) = Ensemble::from_config(config) {
             let signature = Signature::from_config(config)?;
             let metrics = rt.metrics.for_model(&dir.name, version);
-            let mut model = Model::ensemble(&dir.name, version, config, signature, ensemble, metrics);
+            let mut model = Model::ensemble(&dir.name, version, config, parameters, signature, ensemble, metrics);
             model.labels = outputs::load_labels(config, &dir.path)?;
             model.cache = response_cache(config, rt)?;
             return Ok(model);
@@ -89,7 +92,7 @@ impl Model {
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
         let instances::Instances { backends: instances, limits, device_bytes } =
-            instances::load(&dir.name, &version_dir, config, &scheduling.backend_signature(&signature), rt)?;
+            instances::load(&dir.name, &version_dir, config, &parameters, &scheduling.backend_signature(&signature), rt)?;
         let rate_limited = rate_limited(&dir.name, config, &limits, rt)?;
         let backend = &instances[0];
         let (inputs, outputs) = check::client_tensors(
@@ -99,21 +102,9 @@ impl Model {
             &backend.description().outputs,
         )?;
         check::complete_and_check(&mut signature, &inputs, &outputs)?;
-        let plugin = match config::parameter(config, PLUGIN_PARAMETER) {
-            None => {
-                if let Some(key) = config.parameters.keys().find(|k| crate::plugin::PARAMETERS.contains(&k.as_str())) {
-                    return Err(format!(
-                        "parameter '{key}' is about a plugin, but the model names none ('{PLUGIN_PARAMETER}')"
-                    ));
-                }
-                None
-            }
-            Some("") => {
-                return Err(format!(
-                    "parameter '{PLUGIN_PARAMETER}' is empty; name the plugin's .wasm file or leave the parameter out"
-                ));
-            }
-            Some(file) => {
+        let plugin = match &parameters.plugin {
+            None => None,
+            Some(own) => {
                 let info = ModelInfo {
                     name: dir.name.clone(),
                     version,
@@ -121,27 +112,25 @@ impl Model {
                     parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
                     metadata: backend.description().metadata.clone(),
                 };
-                let keys: Vec<&str> = config.parameters.keys().map(String::as_str).collect();
-                let parameter = |key: &str| config::parameter(config, key).map(str::to_owned);
-                let limits = rt.plugins.limits().for_model(&keys, parameter)?;
+                let limits = rt.plugins.limits().for_model(own);
                 let metrics = rt.metrics.for_plugin(&dir.name, version);
-                let plugin = load_plugin(&rt.plugins, dir, file, &version_dir, info, limits, metrics);
-                let missing = !dir.path.join(file).exists();
-                let plugin = plugin.map_err(|e| if missing { config::with_missing_files_hint(config, e) } else { e });
+                let plugin = load_plugin(&rt.plugins, dir, &own.file, &version_dir, info, limits, metrics);
+                let missing = !dir.path.join(&own.file).exists();
+                let plugin = plugin.map_err(|e| if missing { parameters.with_missing_files_hint(e) } else { e });
                 Some(Arc::new(plugin?))
             }
         };
         let labels = outputs::load_labels(config, &dir.path)?;
-        let plugin_samples = warmup::plugin_samples(
-            config::parameter(config, warmup::PLUGIN_WARMUP_PARAMETER),
-            config::parameter(config, warmup::PLUGIN_WARMUP_CONTENT_TYPE_PARAMETER),
-            &dir.path,
-        )?;
+        let plugin_samples = match &parameters.plugin {
+            Some(own) => warmup::plugin_samples(&own.warmup, own.warmup_content_type.as_deref(), &dir.path)?,
+            None => Vec::new(),
+        };
         let metrics = rt.metrics.for_model(&dir.name, version);
         let mut model = Model::new(ModelParts {
             name: &dir.name,
             version,
             config,
+            parameters,
             signature,
             instances,
             scheduling,
@@ -161,8 +150,18 @@ impl Model {
     /// This is the seam where tests put fake backends behind a real
     /// scheduler.
     pub fn new(parts: ModelParts<'_>) -> Model {
-        let ModelParts { name, version, config, signature, instances, scheduling, metrics, plugin, rate_limited } =
-            parts;
+        let ModelParts {
+            name,
+            version,
+            config,
+            parameters,
+            signature,
+            instances,
+            scheduling,
+            metrics,
+            plugin,
+            rate_limited,
+        } = parts;
         let batcher = match scheduling {
             Scheduling::Dynamic(policy) => {
                 Batcher::Dynamic(Scheduler::start(name, policy, instances.clone(), metrics.clone(), rate_limited))
@@ -179,6 +178,7 @@ impl Model {
             name: name.to_owned(),
             version,
             config: config.clone(),
+            parameters,
             signature,
             loaded_at: SystemTime::now(),
             engine: FreedOffThread::new(Engine::Backends { instances, batcher }),
@@ -196,6 +196,7 @@ impl Model {
         name: &str,
         version: u64,
         config: &ModelConfig,
+        parameters: Parameters,
         signature: Signature,
         ensemble: Ensemble,
         metrics: ModelMetrics,
@@ -204,6 +205,7 @@ impl Model {
             name: name.to_owned(),
             version,
             config: config.clone(),
+            parameters,
             signature,
             loaded_at: SystemTime::now(),
             engine: FreedOffThread::new(Engine::Ensemble(ensemble)),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::backend::{Backend, BackendKind};
-use crate::config::{self, ModelConfig, Signature};
+use crate::config::{self, ModelConfig, Parameters, Signature};
 use crate::drain::{FreedOffThread, InUse};
 use crate::error::Error;
 use crate::metrics::{FailureReason, ModelMetrics};
@@ -47,6 +47,8 @@ pub struct Model {
     pub version: u64,
     /// The configuration as `config.pbtxt` states it.
     pub config: ModelConfig,
+    /// Plinth's `parameters` of the configuration, parsed.
+    pub parameters: Parameters,
     /// The inputs and outputs served, completed from the model file where
     /// the configuration leaves them out.
     pub signature: Signature,

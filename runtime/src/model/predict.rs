@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{self, PLUGIN_PARAMETER};
+use crate::config::{self, parameters};
 use crate::error::Error;
 use crate::metrics::FailureReason;
 use crate::plugin::{CallContext, ModelRunner, PluginError, RawRequest, RawResponse};
@@ -78,9 +78,10 @@ impl Model {
         context.chain.push(self.name.clone());
         let plugin = self.plugin.as_ref().ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{PLUGIN_PARAMETER}')",
+                "model '{}' has no plugin, so it takes tensors only: use /infer, or name a plugin in its {} (parameters key '{}')",
                 self.name,
-                config::CONFIG_FILE
+                config::CONFIG_FILE,
+                parameters::PLUGIN
             ))
         })?;
         let req = Arc::new(req);

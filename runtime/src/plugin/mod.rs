@@ -41,6 +41,7 @@ use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+use crate::config::parameters::{PLUGIN_MAX_INSTANCES, PLUGIN_MAX_MEMORY_BYTES, PluginParameters};
 use crate::error::Error;
 use crate::metrics::{PluginMetrics, PluginStage};
 use crate::tensor::Tensor;
@@ -60,12 +61,6 @@ const STDERR_CAPACITY: usize = 64 * 1024;
 const STDERR_QUOTED: usize = 1024;
 /// Where the plugin sees its model version folder.
 pub const MODEL_MOUNT: &str = "/model";
-
-/// The `config.pbtxt` parameters about a model's plugin besides `plugin`
-/// itself: its limits ([`PluginLimits::for_model`]) and its warm-up
-/// samples (read by the model's load).
-pub const PARAMETERS: [&str; 5] =
-    ["plugin.memory_limit", "plugin.timeout_ms", "plugin.instances", "plugin.warmup", "plugin.warmup_content_type"];
 
 /// Resource limits applied to every plugin call. The defaults are those of
 /// `plinth serve`: 256 MiB, 2000 ms, one call per core. A model may lower or
@@ -92,56 +87,21 @@ pub struct PluginLimits {
 }
 
 impl PluginLimits {
-    /// These limits with a model's `plugin.memory_limit` (bytes, e.g.
-    /// `512MiB`, at most 4 GiB), `plugin.timeout_ms` (at most 10 minutes)
-    /// and `plugin.instances` parameters applied; a model's value wins over
-    /// the server-wide one, higher or lower. `keys` are all the model's
-    /// parameter names, so a misspelt `plugin.*` key is caught.
-    ///
-    /// # Errors
-    /// A message naming the parameter that is unknown, does not parse, is 0
-    /// or over its maximum.
-    pub fn for_model(
-        mut self,
-        keys: &[&str],
-        parameter: impl Fn(&str) -> Option<String>,
-    ) -> Result<PluginLimits, String> {
-        if let Some(unknown) = keys.iter().find(|k| k.starts_with("plugin.") && !PARAMETERS.contains(k)) {
-            return Err(format!("unknown parameter '{unknown}'; the plugin parameters are {PARAMETERS:?}"));
+    /// These limits with a model's `plugin.memory_limit`,
+    /// `plugin.timeout_ms` and `plugin.instances` applied (each already
+    /// checked against its maximum by the validation); a model's value
+    /// wins over the server-wide one, higher or lower.
+    pub fn for_model(mut self, own: &PluginParameters) -> PluginLimits {
+        if let Some(bytes) = own.memory_bytes {
+            self.memory_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
-        let positive = |key: &str, value: &str| {
-            value
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("parameter '{key}' must be a whole number above 0, got '{value}'"))
-        };
-        if let Some(v) = parameter("plugin.memory_limit") {
-            let bytes: bytesize::ByteSize = v
-                .trim()
-                .parse()
-                .map_err(|_| format!("parameter 'plugin.memory_limit' must be a size such as 512MiB, got '{v}'"))?;
-            if bytes.as_u64() > MAX_MEMORY_BYTES as u64 {
-                return Err(format!("parameter 'plugin.memory_limit' is {v}; a plugin's memory can be at most 4GiB"));
-            }
-            self.memory_bytes = bytes.as_u64() as usize;
+        if let Some(timeout) = own.timeout {
+            self.call_timeout = timeout;
         }
-        if let Some(v) = parameter("plugin.timeout_ms") {
-            let ms = positive("plugin.timeout_ms", &v)?;
-            if ms > MAX_TIMEOUT_MS {
-                return Err(format!("parameter 'plugin.timeout_ms' is {ms}; at most {MAX_TIMEOUT_MS} (10 minutes)"));
-            }
-            self.call_timeout = Duration::from_millis(ms);
+        if let Some(instances) = own.instances {
+            self.instances = instances;
         }
-        if let Some(v) = parameter("plugin.instances") {
-            let n = positive("plugin.instances", &v)?;
-            if n > u64::from(POOL_INSTANCES) {
-                return Err(format!("parameter 'plugin.instances' is {n}; at most {POOL_INSTANCES}"));
-            }
-            self.instances = n as usize;
-        }
-        Ok(self)
+        self
     }
 }
 
@@ -359,13 +319,13 @@ impl PluginHost {
     }
 }
 
-/// The largest `plugin.memory_limit`: a 32-bit linear memory's size.
-const MAX_MEMORY_BYTES: usize = 4 << 30;
-/// The longest `plugin.timeout_ms`: 10 minutes.
-const MAX_TIMEOUT_MS: u64 = 600_000;
+/// The largest linear memory: a 32-bit one's size, the largest
+/// `plugin.memory_limit`.
+const MAX_MEMORY_BYTES: usize = PLUGIN_MAX_MEMORY_BYTES as usize;
 
-/// The most instances alive at once across all plugins, warm ones included.
-const POOL_INSTANCES: u32 = 256;
+/// The most instances alive at once across all plugins, warm ones included
+/// (the largest `plugin.instances`).
+const POOL_INSTANCES: u32 = PLUGIN_MAX_INSTANCES as u32;
 
 /// The pooling allocator's slots: starting an instance (the first of a
 /// model, one more under load, one replacing an instance that trapped)

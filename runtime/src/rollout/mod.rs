@@ -12,7 +12,7 @@ pub mod compare;
 mod plan;
 mod window;
 
-pub use plan::{DEFAULT_STEPS, Plan, ROLLOUT_PARAMETER, ShadowPlan, declared_plan};
+pub use plan::{DEFAULT_STEPS, Plan, ShadowPlan, declared_plan};
 pub use window::{Figures, Window};
 
 use std::collections::HashMap;

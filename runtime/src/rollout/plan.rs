@@ -9,8 +9,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{self, ModelConfig};
-
 /// The canary steps when a plan names none: the percentages of
 /// unversioned requests the candidate answers, one after another.
 pub const DEFAULT_STEPS: [f64; 4] = [1.0, 10.0, 50.0, 100.0];
@@ -306,19 +304,16 @@ fn check_header_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The `config.pbtxt` parameter that declares the rollout every new version
-/// of the model goes through: a plan in JSON without `candidate` or
-/// `serving` ([`Plan::declared`]).
-pub const ROLLOUT_PARAMETER: &str = "rollout";
-
-/// The plan `config` declares in its [`ROLLOUT_PARAMETER`], checked as far
-/// as it can be before the versions are known.
+/// The plan a model's `rollout` parameter declares (`json`, the plan every
+/// new version of the model goes through: without `candidate` or
+/// `serving`, [`Plan::declared`]), checked as far as it can be before the
+/// versions are known.
 ///
 /// # Errors
 /// A message naming the parameter for a plan that does not parse.
-pub fn declared_plan(config: &ModelConfig) -> Result<Option<&str>, String> {
-    let Some(json) = config::parameter(config, ROLLOUT_PARAMETER) else { return Ok(None) };
-    Plan::declared(json, 2, 1).map_err(|e| format!("parameter '{ROLLOUT_PARAMETER}': {e}"))?;
+pub fn declared_plan(json: Option<&str>) -> Result<Option<&str>, String> {
+    let Some(json) = json else { return Ok(None) };
+    Plan::declared(json, 2, 1).map_err(|e| format!("parameter 'rollout': {e}"))?;
     Ok(Some(json))
 }
 

@@ -230,7 +230,7 @@ impl EmbeddingsRequest {
 
 /// Whether `model` opts in to the OpenAI routes.
 pub fn opts_in(model: &Model) -> bool {
-    crate::config::parameter(&model.config, EMBEDDINGS_PARAMETER) == Some("true")
+    model.parameters.openai_embeddings
 }
 
 /// `POST /v1/embeddings`: OpenAI's create-embeddings call, run through the
