@@ -18,10 +18,9 @@ use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
 
 use opentelemetry::KeyValue;
-use tracing::Instrument;
 
 use super::restrictions::Api;
-use super::{ApiError, Service, faults, openai, routes};
+use super::{ApiError, Service, body, faults, openai, routes};
 use crate::trace::{Front, Span};
 
 /// The KServe v2 routes over `service`, each group of them behind its
@@ -117,10 +116,7 @@ pub fn router(service: Arc<Service>) -> Router {
         // compressed body cannot unpack past it.
         .layer(DefaultBodyLimit::max(service.max_body_bytes))
         .layer(RequestDecompressionLayer::new())
-        .layer(middleware::map_response(explain_unsupported_encoding))
-        .layer(middleware::from_fn_with_state(service.clone(), read_small_bodies_first))
-        .layer(middleware::from_fn_with_state(service.clone(), refuse_announced_excess))
-        .layer(middleware::map_response_with_state(service.clone(), close_when_shutting_down))
+        .layer(middleware::from_fn_with_state(service.clone(), edges))
         .layer(CatchPanicLayer::custom(|panic: Box<dyn Any + Send>| {
             ApiError::from(super::error::panicked(&*panic)).into_response()
         }))
@@ -150,9 +146,26 @@ async fn require_header(State((service, api)): State<(Arc<Service>, Api)>, reque
     }
 }
 
+/// What every request goes through before it is decompressed and routed,
+/// one middleware (each layer boxes a future and clones the service per
+/// request): a body announced over the limit is refused, a small body read
+/// first; the decompression layer's empty 415 is explained; from SIGTERM
+/// on every answer closes its connection.
+async fn edges(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    let mut response = match refuse_announced_excess(&service, &request) {
+        Some(refused) => refused,
+        None => match read_small_body_first(&service, request).await {
+            Ok(request) => explain_unsupported_encoding(next.run(request).await),
+            Err(unreadable) => unreadable,
+        },
+    };
+    close_when_shutting_down(&service, &mut response);
+    response
+}
+
 /// The decompression layer refuses an unknown `Content-Encoding` with an
 /// empty 415; every failure says why in `{"error"}`.
-async fn explain_unsupported_encoding(response: Response) -> Response {
+fn explain_unsupported_encoding(response: Response) -> Response {
     if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && !response.headers().contains_key(header::CONTENT_TYPE)
     {
         let message = "unsupported Content-Encoding; send the body as is, gzip or deflate";
@@ -189,19 +202,13 @@ fn announced_length(request: &Request) -> Option<u64> {
 async fn traced(service: &Service, mut request: Request, next: Next) -> Response {
     let Some(span) = start_trace(service, &request) else { return next.run(request).await };
     request.extensions_mut().insert(span.clone());
-    // The request's log lines carry its trace id (`--log-format json`).
-    let log = tracing::info_span!("request", trace_id = %span.trace_id());
-    let response = next.run(request).instrument(log).await;
-    let status = response.status();
-    span.set(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
-    // OpenTelemetry's HTTP conventions: a server span fails on 5xx only.
-    if status.is_server_error() {
-        span.fail(status.canonical_reason().unwrap_or("server error"));
-    }
-    span.event("INFER_RESPONSE_COMPLETE");
-    span.event("HTTP_SEND_START");
-    span.end();
-    response
+    let outcome = |response: &Response| {
+        let status = response.status();
+        // OpenTelemetry's HTTP conventions: a server span fails on 5xx only.
+        let failure = status.is_server_error().then(|| status.canonical_reason().unwrap_or("server error").into());
+        (KeyValue::new("http.response.status_code", i64::from(status.as_u16())), failure)
+    };
+    span.run_root(Front::Http, next.run(request), outcome).await
 }
 
 /// The root span of an inference request, when it is traced: the model is
@@ -221,9 +228,9 @@ fn start_trace(service: &Service, request: &Request) -> Option<Span> {
 /// A request whose `Content-Length` announces more than
 /// `--http-max-body-bytes` gets its 413 as soon as its headers arrive: no
 /// body byte is read, so hyper sends no `100 Continue` either.
-async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+fn refuse_announced_excess(service: &Service, request: &Request) -> Option<Response> {
     let max = service.max_body_bytes;
-    match announced_length(&request) {
+    match announced_length(request) {
         Some(length) if length > max as u64 => {
             // Begins as the text of a body found too long while read.
             let message = format!(
@@ -232,13 +239,13 @@ async fn refuse_announced_excess(State(service): State<Arc<Service>>, request: R
             let mut response = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
             // The body is never read, so the connection cannot carry another request.
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            response
+            Some(response)
         }
-        _ => next.run(request).await,
+        _ => None,
     }
 }
 
-/// The largest body [`read_small_bodies_first`] reads before routing.
+/// The largest body [`read_small_body_first`] reads before routing.
 const READ_FIRST_BYTES: u64 = 64 * 1024;
 
 /// Reads a body of at most [`READ_FIRST_BYTES`] (by its `Content-Length`)
@@ -249,7 +256,7 @@ const READ_FIRST_BYTES: u64 = 64 * 1024;
 /// which clients such as curl 7.88 report as a failure instead of the
 /// answer. The body's own limits apply as it is read (a body that stops
 /// arriving is a 408).
-async fn read_small_bodies_first(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+async fn read_small_body_first(service: &Service, request: Request) -> Result<Request, Response> {
     let small = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -257,23 +264,22 @@ async fn read_small_bodies_first(State(service): State<Arc<Service>>, request: R
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|length| length > 0 && length <= READ_FIRST_BYTES);
     if !small {
-        return next.run(request).await;
+        return Ok(request);
     }
     let (parts, body) = request.into_parts();
     match axum::body::to_bytes(body, READ_FIRST_BYTES as usize).await {
-        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
-        Err(e) => routes::unreadable_body(&service, &e).into_response(),
+        Ok(bytes) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Err(e) => Err(body::unreadable(service, &e).into_response()),
     }
 }
 
 /// From SIGTERM on every answer closes its connection: a keep-alive client
 /// reconnects, through its load balancer, to a server that stays, and no
 /// idle connection is left for shutdown to close under a request.
-async fn close_when_shutting_down(State(service): State<Arc<Service>>, mut response: Response) -> Response {
+fn close_when_shutting_down(service: &Service, response: &mut Response) {
     if service.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    response
 }
 
 // hyper's limits on a request's head, which `axum::serve` leaves at

@@ -5,6 +5,7 @@
 //! [`serve`], which starts them, runs the start-up loads and polling, and
 //! shuts down gracefully.
 
+mod body;
 pub mod body_timeout;
 mod error;
 mod faults;
@@ -34,7 +35,7 @@ use crate::lifecycle::{ControlMode, Lifecycle, LoadingOptions};
 pub use error::ApiError;
 pub use http::router;
 pub use listeners::settings::{self as listener_settings, GrpcListener, HttpListener};
-pub use service::Service;
+pub use service::{Service, Settings};
 
 /// Everything `plinth serve` needs, from flags (see `cli`).
 #[derive(Clone, Debug)]
@@ -102,15 +103,19 @@ pub struct ServeOptions {
 /// not a folder, modelmesh mode has no ONNX Runtime, or an address cannot
 /// be bound.
 pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result<(), String> {
-    let mut service = start_service(&opts)?;
-    service.logging = Some(logging);
-    service.http_restrictions = opts.http_restrictions.clone();
-    service.grpc_restrictions = opts.grpc_restrictions.clone();
-    let held = service.lifecycle.metrics().shared_memory.clone();
-    service.shared_memory = shared_memory::SharedMemory::new(opts.allow_client_shm, opts.shm_max_input_bytes, held);
-    service.tracing = Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?));
-    service.request_memory = memory::RequestMemory::new(opts.http_max_inflight_body_bytes);
-    let service = Arc::new(service);
+    let lifecycle = Lifecycle::from_options(&opts.loading)?;
+    let settings = Settings {
+        strict_readiness: opts.strict_readiness,
+        max_body_bytes: opts.http_max_body_bytes,
+        max_inflight_body_bytes: opts.http_max_inflight_body_bytes,
+        logging: Some(logging),
+        http_restrictions: opts.http_restrictions.clone(),
+        grpc_restrictions: opts.grpc_restrictions.clone(),
+        allow_client_shm: opts.allow_client_shm,
+        shm_max_input_bytes: opts.shm_max_input_bytes,
+        tracing: Some(Arc::new(crate::trace::Tracing::new(&opts.trace)?)),
+    };
+    let service = Arc::new(Service::new(Arc::new(lifecycle), settings));
     let listeners = listeners::Listeners::bind(&opts, &service).await?;
     tokio::spawn(status::sample_forever(service.clone()));
     let background = tokio::spawn(start_and_poll(service.clone(), opts.clone()));
@@ -130,16 +135,6 @@ pub async fn serve(opts: ServeOptions, logging: Arc<logging::Logging>) -> Result
     // workers, and a worker stuck in a backend call would hold the process.
     std::mem::forget(service);
     Ok(())
-}
-
-/// The runtimes, the lifecycle over them (as `plinth check` starts them)
-/// and the service core, nothing loaded yet.
-///
-/// # Errors
-/// As [`Lifecycle::from_options`], before anything is bound.
-fn start_service(opts: &ServeOptions) -> Result<Service, String> {
-    let lifecycle = Lifecycle::from_options(&opts.loading)?;
-    Ok(Service::new(Arc::new(lifecycle), opts.strict_readiness, opts.http_max_body_bytes))
 }
 
 /// The first wait before a start-up that could not list a repository in

@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
+use super::body;
 use super::error::{ApiError, respond};
 use super::service::Service;
 use crate::error::Error;
@@ -239,9 +239,9 @@ pub fn opts_in(model: &Model) -> bool {
 pub async fn embeddings(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<body::Body, ApiError>,
 ) -> Result<Response, OpenAiError> {
-    let body = body.map_err(|e| OpenAiError::from(super::routes::rejected_body(&service, e)))?;
+    let body::Body(body) = body?;
     let request = EmbeddingsRequest::parse(&body)?;
     let accepted = service.accept(&request.model, None, &super::routes::header_of(&headers)).await?;
     if !opts_in(accepted.model()) {

@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
+use super::body::Body;
 use super::error::ApiError;
 use super::service::{self, EXTENSIONS, SERVER_NAME, Service};
-use super::shared_memory::{CUDA_UNSUPPORTED, OutputPlaces, RegionStatus};
+use super::shared_memory::{CUDA_UNSUPPORTED, RegionStatus, RequestRegions};
 use crate::error::Error;
 use crate::lifecycle::{Accepted, InferCall, RolloutStatus};
 use crate::model::Model;
@@ -25,6 +25,7 @@ use crate::protocol::json::{InferResponse, ModelMetadata};
 use crate::protocol::parameters::{Front, Parameters};
 use crate::protocol::repository;
 use crate::protocol::request::RequestHead;
+use crate::protocol::shared_memory::Regions;
 use crate::registry::UNKNOWN_MODEL;
 use crate::scheduler::Timing;
 use crate::tensor::DataType;
@@ -118,26 +119,24 @@ pub async fn infer(
     model: ModelRef,
     trace: Option<Extension<Span>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     let accepted = model.accept(&service, &headers).await?;
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let header_length = headers.get(HEADER_LENGTH).map(HeaderValue::as_bytes);
     let inferred = accepted
         .infer(trace.map(|Extension(span)| span), |m| {
-            let reads = service.shared_memory.reads();
-            let binary::Decoded { request, head, tensors } =
-                binary::decode(header_length, &body, (&m.name, &m.signature), &reads)?;
-            let places = service::output_places(&service, &head.outputs)?;
-            refuse_json_only_binary_outputs(m, &head, &places)?;
+            let decode = |reads: &dyn Regions| binary::decode(header_length, &body, (&m.name, &m.signature), reads);
+            let (decoded, regions) = service.shared_memory.decode(decode, |d| &d.head.outputs)?;
+            let binary::Decoded { request, head, tensors } = decoded;
+            refuse_json_only_binary_outputs(m, &head, &regions)?;
             let call = InferCall::new(tensors, &head, request.id.clone(), None);
-            Ok((call, (request.id, head, places, reads.into_held())))
+            Ok((call, (request.id, head, regions)))
         })
         .await?;
     let m = inferred.model;
-    let (id, head, places, _inputs) = inferred.request;
+    let (id, head, regions) = inferred.request;
     let outputs = inferred.outputs.into_iter().map(|t| {
-        let form = if places.write(&t)? {
+        let form = if regions.write(&t)? {
             OutputForm::SharedMemory
         } else if head.wants_binary(&t.name) {
             OutputForm::Binary
@@ -172,10 +171,9 @@ pub async fn predict(
     trace: Option<Extension<Span>>,
     Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     let accepted = model.accept(&service, &headers).await?;
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let request = RawRequest { content_type: content_type.to_owned(), body: body.to_vec(), parameters: query };
     let (_, response, timing) = accepted.predict(request, Vec::new(), trace.map(|Extension(span)| span)).await?;
@@ -195,11 +193,11 @@ pub async fn predict(
 
 /// FP16 and BF16 outputs have no JSON form: refused before the model runs
 /// unless asked for as binary data.
-fn refuse_json_only_binary_outputs(m: &Model, head: &RequestHead, places: &OutputPlaces) -> Result<(), Error> {
+fn refuse_json_only_binary_outputs(m: &Model, head: &RequestHead, regions: &RequestRegions) -> Result<(), Error> {
     let as_tensor = |name: &str| head.outputs.iter().any(|o| o.name == name && o.classification.is_none());
     let returned = m.signature.outputs.iter().filter(|o| head.outputs.is_empty() || as_tensor(&o.name));
     for o in returned {
-        let has_json = !head.wants_binary(&o.name) && !places.contains(&o.name);
+        let has_json = !head.wants_binary(&o.name) && !regions.contains(&o.name);
         if matches!(o.datatype, DataType::Fp16 | DataType::Bf16) && has_json {
             return Err(Error::InvalidArgument(format!(
                 "output '{}' is {}, which has no JSON representation; ask for it with \"binary_data\": true (binary tensor data extension)",
@@ -255,14 +253,13 @@ pub async fn model_stats(
 /// `{"ready": true}` only the READY ones.
 pub async fn repository_index(
     State(service): State<Arc<Service>>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
     #[derive(serde::Deserialize)]
     struct IndexRequest {
         #[serde(default)]
         ready: bool,
     }
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let ready_only = if body.is_empty() {
         false
     } else {
@@ -308,9 +305,8 @@ fn mark_rollouts(rows: &mut serde_json::Value, rollouts: &[RolloutStatus]) {
 pub async fn load_model(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let request = repository::load_request(Front::Http, &repository_parameters(&body, "load")?)?;
     service.load(&name, request).await?;
     Ok(Json(serde_json::json!({})))
@@ -322,9 +318,8 @@ pub async fn load_model(
 pub async fn unload_model(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let dependents = repository::unload_dependents(&repository_parameters(&body, "unload")?)?;
     service.unload(&name, dependents).await?;
     Ok(Json(serde_json::json!({})))
@@ -336,9 +331,8 @@ pub async fn unload_model(
 pub async fn start_rollout(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<RolloutStatus>> {
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     Ok(Json(service.lifecycle.start_rollout(&name, &body)?))
 }
 
@@ -383,9 +377,8 @@ pub async fn log_settings(State(service): State<Arc<Service>>) -> ApiResult<Json
 /// all of them.
 pub async fn update_log_settings(
     State(service): State<Arc<Service>>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let update: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the log settings must be a JSON object: {e}")))?;
     Ok(Json(service.update_log_settings(&update)?))
@@ -399,9 +392,9 @@ pub async fn trace_settings(State(service): State<Arc<Service>>) -> ApiResult<Js
 /// `POST /v2/trace/setting`: changes the server's trace settings.
 pub async fn update_trace_settings(
     State(service): State<Arc<Service>>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let update = trace_update(&service, body)?;
+    let update = trace_update(&body)?;
     Ok(Json(service.trace_settings(None, Some(&update))?))
 }
 
@@ -419,17 +412,16 @@ pub async fn model_trace_settings(
 pub async fn update_model_trace_settings(
     State(service): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let update = trace_update(&service, body)?;
+    let update = trace_update(&body)?;
     Ok(Json(service.trace_settings(Some(&name), Some(&update))?))
 }
 
 /// A trace extension request body: each setting a string, a number, a
 /// list of strings, or `null` (which clears a model's setting).
-fn trace_update(service: &Service, body: Result<Bytes, BytesRejection>) -> Result<Update, ApiError> {
+fn trace_update(body: &[u8]) -> Result<Update, ApiError> {
     use serde_json::Value;
-    let body = body.map_err(|e| rejected_body(service, e))?;
     let settings: serde_json::Map<String, Value> = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the trace settings must be a JSON object: {e}")))?;
     settings
@@ -479,9 +471,8 @@ struct RegisterRequest {
 pub async fn register_shared_memory(
     State(service): State<Arc<Service>>,
     Path(region): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Body(body): Body,
 ) -> ApiResult<StatusCode> {
-    let body = body.map_err(|e| rejected_body(&service, e))?;
     let request: RegisterRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed shared memory register request JSON: {e}")))?;
     let missing = |field: &str| ApiError::bad_request(format!("Shared memory register request has no '{field}' field"));
@@ -531,32 +522,3 @@ pub async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
 
-/// The answer to a body that could not be read: 408 when it stopped
-/// arriving (counted in `plinth_connections_slow_client_total`), else 400.
-pub(super) fn unreadable_body(service: &Service, e: &(dyn std::error::Error + 'static)) -> ApiError {
-    if let Some(stalled) = super::body_timeout::stalled(e) {
-        let metrics = &service.lifecycle.metrics().connections;
-        metrics.slow_client(crate::metrics::Listener::Http, crate::metrics::SlowClient::Body);
-        return ApiError::new(StatusCode::REQUEST_TIMEOUT, stalled.to_string());
-    }
-    ApiError::bad_request(format!("cannot read the request body: {e}"))
-}
-
-/// The answer to a body the `Bytes` extractor could not take: 408 when it
-/// stopped arriving, 413 (Triton's text) over `--http-max-body-bytes`,
-/// else the extractor's status.
-pub(super) fn rejected_body(service: &Service, e: BytesRejection) -> ApiError {
-    if super::body_timeout::stalled(&e).is_some() {
-        return unreadable_body(service, &e);
-    }
-    let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        // Begins as Triton's text, which clients match on.
-        let max = service.max_body_bytes;
-        format!(
-            "request JSON size of more than {max} bytes exceeds the maximum allowed input size of {max} bytes (--http-max-body-bytes)"
-        )
-    } else {
-        format!("cannot read the request body: {}", e.body_text())
-    };
-    ApiError::new(e.status(), message)
-}

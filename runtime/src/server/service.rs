@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::logging::Logging;
 use super::restrictions::Restrictions;
-use super::shared_memory::{OutputPlaces, SharedMemory};
+use super::shared_memory::SharedMemory;
 use crate::config::ModelConfig;
 use crate::drain::{Hold, InUse};
 use crate::error::Error;
@@ -20,7 +20,6 @@ use crate::metrics::ModelStatistics;
 use crate::model::Model;
 use crate::protocol::json::{ModelMetadata, TensorMetadata};
 use crate::protocol::repository::LoadRequest;
-use crate::protocol::request::RequestedOutput;
 use crate::registry::{IndexEntry, Registry, RepositoryState, UNKNOWN_MODEL};
 use crate::tensor::TensorSpec;
 use crate::trace::{Front, Span, Tracing, Update};
@@ -51,74 +50,101 @@ pub const SERVER_NAME: &str = "plinth";
 /// it.
 pub struct Service {
     /// Loads and unloads models; resolves requests to them.
-    pub lifecycle: Arc<Lifecycle>,
+    pub(super) lifecycle: Arc<Lifecycle>,
     /// Set once the start-up loads have been tried.
-    pub startup_done: AtomicBool,
+    pub(super) startup_done: AtomicBool,
     /// Set at SIGTERM/SIGINT: not ready.
-    pub shutting_down: AtomicBool,
+    pub(super) shutting_down: AtomicBool,
     /// Set `--drain-delay-secs` after SIGTERM/SIGINT: no new inference.
-    pub refusing: AtomicBool,
+    pub(super) refusing: AtomicBool,
     /// Inference requests accepted and not yet answered.
-    pub in_flight: InUse,
+    pub(super) in_flight: InUse,
+    /// `--strict-readiness`: ready only when every model is READY.
+    pub(super) strict_readiness: bool,
+    /// `--http-max-body-bytes`: the largest body (and gRPC message) taken.
+    pub(super) max_body_bytes: usize,
+    /// The process's log, whose level the logging extension changes;
+    /// `None` where no log was set up (unit tests).
+    pub(super) logging: Option<Arc<Logging>>,
+    /// `--http-restricted-api`: the HTTP APIs that need a header.
+    pub(super) http_restrictions: Restrictions,
+    /// `--grpc-restricted-protocol`: the gRPC APIs that need a header.
+    pub(super) grpc_restrictions: Restrictions,
+    /// The system shared memory regions clients registered
+    /// (`--allow-client-shm`).
+    pub(super) shared_memory: SharedMemory,
+    /// Request tracing (`--trace-config`); `None` where the process set up
+    /// none (unit tests).
+    pub(super) tracing: Option<Arc<Tracing>>,
+    /// The status page's samples of the counters.
+    pub(super) status: super::status::Sampler,
+    /// The HTTP request bodies read and decoded at once.
+    pub(super) request_memory: super::memory::RequestMemory,
+}
+
+/// What `plinth serve`'s flags set in the [`Service`].
+pub struct Settings {
     /// `--strict-readiness`: ready only when every model is READY.
     pub strict_readiness: bool,
     /// `--http-max-body-bytes`: the largest body (and gRPC message) taken.
     pub max_body_bytes: usize,
-    /// The process's log, whose level the logging extension changes;
-    /// `None` where no log was set up (unit tests).
+    /// `--http-max-inflight-body-bytes`: the request bodies read and
+    /// decoded at once, in bytes.
+    pub max_inflight_body_bytes: u64,
+    /// The process's log, whose level the logging extension changes.
     pub logging: Option<Arc<Logging>>,
-    /// `--http-restricted-api`: the HTTP APIs that need a header.
+    /// `--http-restricted-api`.
     pub http_restrictions: Restrictions,
-    /// `--grpc-restricted-protocol`: the gRPC APIs that need a header.
+    /// `--grpc-restricted-protocol`.
     pub grpc_restrictions: Restrictions,
-    /// The system shared memory regions clients registered
-    /// (`--allow-client-shm`).
-    pub shared_memory: SharedMemory,
-    /// Request tracing (`--trace-config`); `None` where the process set up
-    /// none (unit tests).
+    /// `--allow-client-shm`.
+    pub allow_client_shm: bool,
+    /// `--shm-max-input-bytes`: what one request may read from shared
+    /// memory, in bytes.
+    pub shm_max_input_bytes: u64,
+    /// Request tracing (`--trace-config`).
     pub tracing: Option<Arc<Tracing>>,
-    /// The status page's samples of the counters.
-    pub status: super::status::Sampler,
-    /// The HTTP request bodies read and decoded at once.
-    pub request_memory: super::memory::RequestMemory,
 }
 
-/// Where the requested outputs that name a shared memory region go, each
-/// checked against its region now, before the model runs.
-///
-/// # Errors
-/// The errors of [`SharedMemory::output`] (an unregistered region, a place
-/// past its end).
-pub fn output_places(service: &Service, outputs: &[RequestedOutput]) -> Result<OutputPlaces, Error> {
-    let mut places = OutputPlaces::default();
-    for o in outputs {
-        if let Some(at) = &o.region {
-            places.insert(o.name.clone(), service.shared_memory.output(at.clone())?);
+impl Settings {
+    /// Strict readiness and a 1 MiB body limit; no log, tracing, shared
+    /// memory or restrictions: the settings of the front ends' unit tests.
+    pub fn for_tests() -> Settings {
+        Settings {
+            strict_readiness: true,
+            max_body_bytes: 1 << 20,
+            max_inflight_body_bytes: 4 << 20,
+            logging: None,
+            http_restrictions: Restrictions::default(),
+            grpc_restrictions: Restrictions::default(),
+            allow_client_shm: false,
+            shm_max_input_bytes: 1 << 20,
+            tracing: None,
         }
     }
-    Ok(places)
 }
 
 impl Service {
-    /// The service over `lifecycle`, not ready until the start-up loads are
-    /// done.
-    pub fn new(lifecycle: Arc<Lifecycle>, strict_readiness: bool, max_body_bytes: usize) -> Service {
-        let shared_memory = SharedMemory::new(false, max_body_bytes as u64, lifecycle.metrics().shared_memory.clone());
+    /// The service over `lifecycle` with `settings`, not ready until the
+    /// start-up loads are done.
+    pub fn new(lifecycle: Arc<Lifecycle>, settings: Settings) -> Service {
+        let held = lifecycle.metrics().shared_memory.clone();
+        let shared_memory = SharedMemory::new(settings.allow_client_shm, settings.shm_max_input_bytes, held);
         Service {
             lifecycle,
             startup_done: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
             in_flight: InUse::default(),
-            strict_readiness,
-            max_body_bytes,
-            logging: None,
-            http_restrictions: Restrictions::default(),
-            grpc_restrictions: Restrictions::default(),
+            strict_readiness: settings.strict_readiness,
+            max_body_bytes: settings.max_body_bytes,
+            logging: settings.logging,
+            http_restrictions: settings.http_restrictions,
+            grpc_restrictions: settings.grpc_restrictions,
             shared_memory,
-            tracing: None,
+            tracing: settings.tracing,
             status: super::status::Sampler::default(),
-            request_memory: super::memory::RequestMemory::new(max_body_bytes as u64 * 4),
+            request_memory: super::memory::RequestMemory::new(settings.max_inflight_body_bytes),
         }
     }
 

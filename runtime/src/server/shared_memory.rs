@@ -28,6 +28,7 @@ use prometheus::IntGauge;
 
 use crate::error::Error;
 use crate::metrics::SharedMemoryMetrics;
+use crate::protocol::request::RequestedOutput;
 use crate::protocol::shared_memory::{RegionRef, Regions};
 use crate::tensor::Tensor;
 
@@ -167,10 +168,34 @@ impl SharedMemory {
         SharedMemory { allowed, max_input_bytes, table: Arc::new(Mutex::new(BTreeMap::new())), metrics }
     }
 
+    /// Decodes one request with `decode`, which reads the request's inputs
+    /// from the regions (their bytes held by the regions until the answer
+    /// is sent), and checks the places its requested outputs (`outputs` of
+    /// the decoded request) name, before the model runs. HTTP and gRPC
+    /// requests alike.
+    ///
+    /// # Errors
+    /// `decode`'s, and [`SharedMemory::output`]'s for a place.
+    pub fn decode<D>(
+        &self,
+        decode: impl FnOnce(&dyn Regions) -> Result<D, Error>,
+        outputs: impl FnOnce(&D) -> &[RequestedOutput],
+    ) -> Result<(D, RequestRegions), Error> {
+        let reads = self.reads();
+        let decoded = decode(&reads)?;
+        let mut places = Vec::new();
+        for o in outputs(&decoded) {
+            if let Some(at) = &o.region {
+                places.push((o.name.clone(), self.output(at.clone())?));
+            }
+        }
+        Ok((decoded, RequestRegions { places, _inputs: reads.into_held() }))
+    }
+
     /// The regions as one request reads its inputs from them: at most
     /// `--shm-max-input-bytes` in all, each copy counted as held by its
     /// region until the reads are dropped (when the request is answered).
-    pub fn reads(&self) -> InputReads<'_> {
+    fn reads(&self) -> InputReads<'_> {
         InputReads { shared_memory: self, read: AtomicU64::new(0), held: Mutex::new(Vec::new()) }
     }
 
@@ -351,7 +376,7 @@ pub struct InputReads<'a> {
 impl InputReads<'_> {
     /// The bytes held until the request is answered, apart from the
     /// registry (a request outlives the borrow its decoding took).
-    pub fn into_held(self) -> HeldInputs {
+    fn into_held(self) -> HeldInputs {
         HeldInputs { _held: self.held.into_inner() }
     }
 }
@@ -419,20 +444,18 @@ impl OutputRegion {
     }
 }
 
-/// The requested outputs a request places in shared memory, by output
-/// name.
-#[derive(Default)]
-pub struct OutputPlaces(Vec<(String, OutputRegion)>);
+/// One request's shared memory ([`SharedMemory::decode`]): the input
+/// bytes it read, held by their regions while this lives, and the places
+/// of its outputs, by output name.
+pub struct RequestRegions {
+    places: Vec<(String, OutputRegion)>,
+    _inputs: HeldInputs,
+}
 
-impl OutputPlaces {
-    /// Adds output `name`'s place.
-    pub fn insert(&mut self, name: String, place: OutputRegion) {
-        self.0.push((name, place));
-    }
-
+impl RequestRegions {
     /// Whether output `name` goes to shared memory.
     pub fn contains(&self, name: &str) -> bool {
-        self.0.iter().any(|(n, _)| n == name)
+        self.places.iter().any(|(n, _)| n == name)
     }
 
     /// Writes `tensor` to its place; `false` when it has none (it goes back
@@ -441,7 +464,7 @@ impl OutputPlaces {
     /// # Errors
     /// As [`OutputRegion::write`].
     pub fn write(&self, tensor: &Tensor) -> Result<bool, Error> {
-        match self.0.iter().find(|(n, _)| *n == tensor.name) {
+        match self.places.iter().find(|(n, _)| *n == tensor.name) {
             Some((_, place)) => place.write(&tensor.name, &tensor.data).map(|()| true),
             None => Ok(false),
         }

@@ -10,6 +10,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use super::service::Settings;
 use super::{Service, router};
 use crate::lifecycle::ControlMode;
 use crate::lifecycle::testing::{Repository, lifecycle};
@@ -20,11 +21,16 @@ const NO_BUDGET: Budget = Budget { bytes: None, models: None, gpu: std::collecti
 /// A started service in `mode` over a repository holding the doubler
 /// `twice` (versions 2, 9 and 10, all served).
 async fn started(mode: ControlMode) -> (Repository, Arc<Service>) {
+    started_with(mode, Settings::for_tests()).await
+}
+
+/// [`started`] with `settings`.
+async fn started_with(mode: ControlMode, settings: Settings) -> (Repository, Arc<Service>) {
     let repo = Repository::new();
     repo.add("twice", &[2, 9, 10], "version_policy: { all: {} }");
     let (lifecycle, _) = lifecycle(mode, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&["*".into()]).await.unwrap();
-    let service = Arc::new(Service::new(lifecycle, true, 1 << 20));
+    let service = Arc::new(Service::new(lifecycle, settings));
     service.startup_done.store(true, Ordering::Release);
     (repo, service)
 }
@@ -216,11 +222,9 @@ async fn only_inference_answers_are_compressed() {
 #[tokio::test]
 async fn restricted_apis_need_their_header() {
     use super::restrictions::{Front, Restrictions};
-    let (_repo, service) = started(ControlMode::Explicit).await;
-    let mut service = Arc::into_inner(service).unwrap();
-    service.http_restrictions =
-        Restrictions::parse(&["model-repository,statistics:admin-key=secret".into()], Front::Http).unwrap();
-    let service = Arc::new(service);
+    let restrictions = Restrictions::parse(&["model-repository,statistics:admin-key=secret".into()], Front::Http);
+    let settings = Settings { http_restrictions: restrictions.unwrap(), ..Settings::for_tests() };
+    let (_repo, service) = started_with(ControlMode::Explicit, settings).await;
     let refused = error("This API is restricted, expecting header 'admin-key'");
     assert_eq!(call(&service, "POST", "/v2/repository/index", "").await, (StatusCode::FORBIDDEN, refused.clone()));
     assert_eq!(call(&service, "GET", "/v2/models/twice/stats", "").await, (StatusCode::FORBIDDEN, refused));
@@ -320,7 +324,7 @@ async fn openai_routes_list_only_the_models_that_opt_in_and_answer_errors_in_ope
     repo.add("vectors", &[1], r#"parameters { key: "openai.embeddings" value: { string_value: "true" } }"#);
     let (lifecycle, _) = lifecycle(ControlMode::Explicit, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&["*".into()]).await.unwrap();
-    let service = Arc::new(Service::new(lifecycle, true, 1 << 20));
+    let service = Arc::new(Service::new(lifecycle, Settings::for_tests()));
     service.startup_done.store(true, Ordering::Release);
 
     let (status, body) = call(&service, "GET", "/v1/models", "").await;

@@ -353,6 +353,35 @@ impl Span {
         self.cx.span().end_with_timestamp(at);
     }
 
+    /// Runs `work`, a request under this root span, its log lines carrying
+    /// the trace id (`--log-format json`), then ends the span: the status
+    /// attribute `outcome` gives for the result (OpenTelemetry's
+    /// `http.response.status_code` or `rpc.grpc.status_code`), failed with
+    /// its message when the status fails a server span by the front's
+    /// conventions, and Triton's closing events.
+    pub async fn run_root<T>(
+        &self,
+        front: Front,
+        work: impl Future<Output = T>,
+        outcome: impl FnOnce(&T) -> (KeyValue, Option<String>),
+    ) -> T {
+        use tracing::Instrument;
+        let log = tracing::info_span!("request", trace_id = %self.trace_id());
+        let result = work.instrument(log).await;
+        let (status, failure) = outcome(&result);
+        self.set(status);
+        if let Some(message) = failure {
+            self.fail(&message);
+        }
+        self.event("INFER_RESPONSE_COMPLETE");
+        self.event(match front {
+            Front::Http => "HTTP_SEND_START",
+            Front::Grpc(_) => "GRPC_SEND_START",
+        });
+        self.end();
+        result
+    }
+
     /// The trace's id, 32 hex digits (as in `traceparent`), for logs.
     pub fn trace_id(&self) -> String {
         self.cx.span().span_context().trace_id().to_string()

@@ -5,11 +5,11 @@
 use opentelemetry::KeyValue;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-use tracing::Instrument;
 
 use crate::error::Error;
 use crate::lifecycle::InferCall;
 use crate::protocol::grpc::{self as codec, OutputPlace, proto as pb};
+use crate::protocol::shared_memory::Regions;
 use crate::scheduler::sequence::Owner;
 use crate::server::service::{self, Service};
 use crate::trace::{Front, Span};
@@ -48,25 +48,18 @@ pub async fn traced_infer(
     let front = Front::Grpc(method);
     let span = service.start_trace(&r.model_name, front, headers.traceparent.as_deref(), headers.tracestate.as_deref());
     let Some(span) = span else { return infer(service, r, stream, None, headers).await };
-    // The request's log lines carry its trace id (`--log-format json`).
-    let log = tracing::info_span!("request", trace_id = %span.trace_id());
-    let result = infer(service, r, stream, Some(span.clone()), headers).instrument(log).await;
-    let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
-    span.set(KeyValue::new("rpc.grpc.status_code", code as i64));
-    // OpenTelemetry's gRPC conventions: the codes that fail a server span.
-    use tonic::Code as C;
-    if let Err(status) = &result
-        && matches!(
+    let outcome = |result: &Result<pb::ModelInferResponse, Status>| {
+        let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+        // OpenTelemetry's gRPC conventions: the codes that fail a server span.
+        use tonic::Code as C;
+        let fails = matches!(
             code,
             C::Unknown | C::DeadlineExceeded | C::Unimplemented | C::Internal | C::Unavailable | C::DataLoss
-        )
-    {
-        span.fail(status.message());
-    }
-    span.event("INFER_RESPONSE_COMPLETE");
-    span.event("GRPC_SEND_START");
-    span.end();
-    result
+        );
+        let failure = result.as_ref().err().filter(|_| fails).map(|status| status.message().to_owned());
+        (KeyValue::new("rpc.grpc.status_code", code as i64), failure)
+    };
+    span.run_root(front, infer(service, r, stream, Some(span.clone()), headers), outcome).await
 }
 
 /// Runs one `ModelInferRequest` through the service core; `stream` is the
@@ -87,20 +80,19 @@ async fn infer(
     let id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = accepted
         .infer(trace, |m| {
-            let reads = service.shared_memory.reads();
-            let decoded = codec::decode(&m.name, &parameters, inputs, raw, &outputs, &reads)?;
-            let places = service::output_places(service, &decoded.head.outputs)?;
+            let decode = |reads: &dyn Regions| codec::decode(&m.name, &parameters, inputs, raw, &outputs, reads);
+            let (decoded, regions) = service.shared_memory.decode(decode, |d| &d.head.outputs)?;
             let sequence = decoded.head.parameters.sequence.clone();
-            Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (places, sequence, reads.into_held())))
+            Ok((InferCall::new(decoded.tensors, &decoded.head, id, stream), (regions, sequence)))
         })
         .await?;
     let m = inferred.model;
-    let (places, sequence, _inputs) = inferred.request;
+    let (regions, sequence) = inferred.request;
     let outputs = inferred
         .outputs
         .into_iter()
         .map(|t| {
-            let place = if places.write(&t)? { OutputPlace::SharedMemory } else { OutputPlace::Raw };
+            let place = if regions.write(&t)? { OutputPlace::SharedMemory } else { OutputPlace::Raw };
             Ok((t, place))
         })
         .collect::<Result<Vec<_>, Error>>()?;

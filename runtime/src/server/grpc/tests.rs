@@ -22,6 +22,7 @@ use crate::protocol::grpc::proto::infer_parameter::ParameterChoice as P;
 use crate::protocol::grpc::proto::{self as pb, model_infer_request as mir};
 use crate::residency::Budget;
 use crate::server::error::statuses;
+use crate::server::service::Settings;
 use crate::server::{Service, router};
 
 const NO_BUDGET: Budget = Budget { bytes: None, models: None, gpu: std::collections::BTreeMap::new() };
@@ -33,7 +34,7 @@ async fn started(mode: ControlMode) -> (Repository, Arc<Service>, Grpc) {
     repo.add("twice", &[2, 9, 10], "version_policy: { all: {} }");
     let (lifecycle, _) = lifecycle(mode, Some(&repo.path()), NO_BUDGET, None);
     lifecycle.start(&["*".into()]).await.unwrap();
-    let service = Arc::new(Service::new(lifecycle, true, 1 << 20));
+    let service = Arc::new(Service::new(lifecycle, Settings::for_tests()));
     service.startup_done.store(true, Ordering::Release);
     let grpc = Grpc { service: service.clone() };
     (repo, service, grpc)
