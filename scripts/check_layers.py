@@ -18,6 +18,8 @@ A backend is named by its kind (`BackendKind::Pytorch`) only in
 Some lower modules are barred to a module (BARRED): the server names no
 rollout type, since the lifecycle carries out a request's every step.
 
+No file under runtime/src passes 600 lines (MAX_LINES).
+
 One lock policy too: no file under runtime/src uses std's `Mutex` or
 `RwLock`, which a panic poisons (and then every later request that takes
 the lock fails); parking_lot's, which a panic cannot poison, are the rule.
@@ -185,6 +187,21 @@ def kind_dispatch(src: pathlib.Path) -> list[str]:
     return found
 
 
+# A file past this many lines holds more than one concern: split it (an
+# inline test module moves to a sibling tests.rs first).
+MAX_LINES = 600
+
+
+def long_files(src: pathlib.Path) -> list[str]:
+    """Every file under `src` longer than MAX_LINES."""
+    found = []
+    for file in sorted(src.rglob("*.rs")):
+        lines = len(file.read_text().splitlines())
+        if lines > MAX_LINES:
+            found.append(f"{file}: {lines} lines, more than {MAX_LINES}: split it by concern")
+    return found
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "runtime/src")
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -211,6 +228,7 @@ def main() -> int:
         problems.append(cycle)
     problems += poisonable_locks(src)
     problems += kind_dispatch(src)
+    problems += long_files(src)
     doc = src.parents[1] / LAYOUT_DOC
     listed = layout_names(doc)
     for m in sorted(modules - listed):

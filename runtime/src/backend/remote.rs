@@ -429,8 +429,8 @@ fn decode(header_length: Option<usize>, body: &[u8], expected: &[ModelIo]) -> Re
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{ModelConfig, Parameters};
     use super::*;
+    use crate::config::{ModelConfig, Parameters};
 
     fn io(name: &str) -> ModelIo {
         ModelIo { name: name.into(), datatype: Some(DataType::Fp32), type_name: "FP32".into(), shape: vec![-1, 2] }

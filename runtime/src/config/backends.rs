@@ -20,7 +20,7 @@ pub enum BackendKind {
 
 /// Every backend served: its kind, Triton's platform name where it has one,
 /// and its backend name.
-const SERVED: [(BackendKind, Option<&str>, &str); 4] = [
+const SERVED: &[(BackendKind, Option<&str>, &str)] = &[
     (BackendKind::OnnxRuntime, Some("onnxruntime_onnx"), "onnxruntime"),
     (BackendKind::Pytorch, Some("pytorch_libtorch"), "pytorch"),
     (BackendKind::Remote, None, "remote"),

@@ -6,15 +6,15 @@
 //! that act on a key read its typed field from [`Parameters`].
 //!
 //! A key outside [`KEYS`] belongs to the model's plugin, which sees every
-//! parameter as written; only the `plugin.` and `remote.` prefixes are
-//! Plinth's alone, so a misspelt key under them is refused.
+//! parameter as written; only the prefixes in [`FAMILIES`] are Plinth's
+//! alone, so a misspelt key under them is refused.
 
 use std::time::Duration;
 
 use super::ModelConfig;
 
 /// Every key Plinth reads, as `docs/model-repository.md` lists them.
-pub const KEYS: [&str; 21] = [
+pub const KEYS: &[&str] = &[
     PLUGIN,
     "plugin.timeout_ms",
     "plugin.memory_limit",
@@ -37,6 +37,10 @@ pub const KEYS: [&str; 21] = [
     "execute_delay_ms",
     MISSING_FILES_HINT,
 ];
+
+/// The prefixes whose keys are all Plinth's: a key under one that is not in
+/// [`KEYS`] is a misspelling, refused rather than passed to the plugin.
+pub const FAMILIES: &[&str] = &["plugin.", "remote."];
 
 /// The key whose text is added to a load error when files are missing.
 pub const MISSING_FILES_HINT: &str = "missing_files_hint";
@@ -223,13 +227,14 @@ impl<'a> Reader<'a> {
     }
 
     fn unknown_keys(&mut self) {
-        let mut unknown: Vec<&String> = (self.config.parameters.keys())
-            .filter(|k| (k.starts_with("plugin.") || k.starts_with("remote.")) && !KEYS.contains(&k.as_str()))
-            .collect();
+        let family = |key: &str| FAMILIES.iter().copied().find(|f| key.starts_with(f));
+        let mut unknown: Vec<&String> =
+            self.config.parameters.keys().filter(|k| family(k).is_some() && !KEYS.contains(&k.as_str())).collect();
         unknown.sort();
         for key in unknown {
-            let family: Vec<&str> = KEYS.iter().copied().filter(|k| k.starts_with(&key[..7])).collect();
-            self.problems.push(format!("unknown parameter '{key}'; the {}* parameters are {family:?}", &key[..7]));
+            let prefix = family(key).unwrap_or_default();
+            let known: Vec<&str> = KEYS.iter().copied().filter(|k| k.starts_with(prefix)).collect();
+            self.problems.push(format!("unknown parameter '{key}'; the {prefix}* parameters are {known:?}"));
         }
     }
 
@@ -270,7 +275,12 @@ impl<'a> Reader<'a> {
 
     fn plugin(&mut self) -> Option<PluginParameters> {
         let Some(file) = self.text(PLUGIN) else {
-            let mut about: Vec<&String> = self.config.parameters.keys().filter(|k| k.starts_with("plugin.") && KEYS.contains(&k.as_str())).collect();
+            let mut about: Vec<&String> = self
+                .config
+                .parameters
+                .keys()
+                .filter(|k| k.starts_with("plugin.") && KEYS.contains(&k.as_str()))
+                .collect();
             about.sort();
             for key in about {
                 self.problems
@@ -279,8 +289,9 @@ impl<'a> Reader<'a> {
             return None;
         };
         if file.is_empty() {
-            self.problems
-                .push(format!("parameter '{PLUGIN}' is empty; name the plugin's .wasm file or leave the parameter out"));
+            self.problems.push(format!(
+                "parameter '{PLUGIN}' is empty; name the plugin's .wasm file or leave the parameter out"
+            ));
         }
         let memory_bytes = self.text("plugin.memory_limit").and_then(|v| match v.parse::<bytesize::ByteSize>() {
             Ok(size) if size.as_u64() <= PLUGIN_MAX_MEMORY_BYTES => Some(size.as_u64()),
@@ -472,7 +483,8 @@ mod tests {
     /// reads, no more and no fewer.
     #[test]
     fn the_docs_table_lists_every_key() {
-        let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/model-repository.md")).unwrap();
+        let page =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/model-repository.md")).unwrap();
         let mut documented = std::collections::BTreeSet::new();
         let mut in_table = false;
         for line in page.lines() {

@@ -91,8 +91,14 @@ impl Model {
         let scheduling = Scheduling::from_config(config, &dir.path)?;
         let version_dir = dir.version_path(version);
         let mut signature = Signature::from_config(config)?;
-        let instances::Instances { backends: instances, limits, device_bytes } =
-            instances::load(&dir.name, &version_dir, config, &parameters, &scheduling.backend_signature(&signature), rt)?;
+        let instances::Instances { backends: instances, limits, device_bytes } = instances::load(
+            &dir.name,
+            &version_dir,
+            config,
+            &parameters,
+            &scheduling.backend_signature(&signature),
+            rt,
+        )?;
         let rate_limited = rate_limited(&dir.name, config, &limits, rt)?;
         let backend = &instances[0];
         let (inputs, outputs) = check::client_tensors(

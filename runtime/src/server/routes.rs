@@ -422,7 +422,7 @@ pub async fn update_model_trace_settings(
 /// list of strings, or `null` (which clears a model's setting).
 fn trace_update(body: &[u8]) -> Result<Update, ApiError> {
     use serde_json::Value;
-    let settings: serde_json::Map<String, Value> = serde_json::from_slice(&body)
+    let settings: serde_json::Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the trace settings must be a JSON object: {e}")))?;
     settings
         .into_iter()
@@ -521,4 +521,3 @@ pub async fn unknown_route() -> ApiError {
 pub async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
 }
-
