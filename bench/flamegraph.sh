@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A flame graph of Plinth's tiny-model path: the 64 -> 32 -> 10 MLP of
-# bench/make_mlp.py served by target/release/plinth, one wrk connection
+# bench/make_mlp.py served by target/profiling/plinth (the release build with
+# full debug info, built here if missing), one wrk connection
 # POSTing the same v2 JSON request for SECONDS while `perf record` samples
 # the server's threads (software cpu-clock event: shared and virtual
 # machines rarely expose hardware counters). The stacks are folded and drawn
@@ -22,13 +23,14 @@ if ! inferno-flamegraph --version 2>/dev/null | grep -q " $version"; then
     cargo install inferno --locked --version "$version"
 fi
 export ORT_DYLIB_PATH=$root/.cache/onnxruntime/libonnxruntime.so
+cargo build --profile profiling --locked -p plinth
 
 work=$(mktemp -d)
 trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 mkdir -p "$work/repo/mlp/1"
 .venv/bin/python bench/make_mlp.py "$work/repo/mlp/1/model.onnx"
 printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 8\n' > "$work/repo/mlp/config.pbtxt"
-target/release/plinth serve --model-repository "$work/repo" --http-port 18300 --grpc-port 18301 \
+target/profiling/plinth serve --model-repository "$work/repo" --http-port 18300 --grpc-port 18301 \
     --metrics-port 18302 > "$work/plinth.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do

@@ -125,15 +125,10 @@ impl Scheduler {
             metrics,
             limited,
         });
-        let workers = (0..count)
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("plinth-{model}-{i}"))
-                    .spawn(move || shared.work(i))
-                    .expect("the OS can start a thread")
-            })
-            .collect();
+        let workers = spawn_workers(model, count, {
+            let shared = shared.clone();
+            move |i| shared.work(i)
+        });
         Scheduler { shared, workers }
     }
 
@@ -492,20 +487,18 @@ impl Shared {
     }
 }
 
-/// One thread per instance, named `plinth-{name}-{i}`, running
-/// `work(i, instance)` (the sequence batcher's workers).
-fn spawn_workers<F>(name: &str, instances: Vec<Arc<dyn Backend>>, work: F) -> Vec<JoinHandle<()>>
+/// `count` threads, one per instance, named `plinth-{name}-{i}`, each
+/// running `work(i)`: the workers of both schedulers.
+fn spawn_workers<F>(name: &str, count: usize, work: F) -> Vec<JoinHandle<()>>
 where
-    F: Fn(usize, &dyn Backend) + Clone + Send + 'static,
+    F: Fn(usize) + Clone + Send + 'static,
 {
-    instances
-        .into_iter()
-        .enumerate()
-        .map(|(i, instance)| {
+    (0..count)
+        .map(|i| {
             let work = work.clone();
             std::thread::Builder::new()
                 .name(format!("plinth-{name}-{i}"))
-                .spawn(move || work(i, &*instance))
+                .spawn(move || work(i))
                 .expect("the OS can start a thread")
         })
         .collect()

@@ -222,9 +222,9 @@ impl SequenceScheduler {
         let mut shared = Shared::new(model, policy, instances.len(), metrics);
         shared.limited = limited;
         let shared = Arc::new(shared);
-        let workers = super::spawn_workers(&format!("{model}-seq"), instances, {
+        let workers = super::spawn_workers(&format!("{model}-seq"), instances.len(), {
             let shared = shared.clone();
-            move |i, instance| shared.work(i, instance)
+            move |i| shared.work(i, &*instances[i])
         });
         SequenceScheduler { shared, workers }
     }
