@@ -59,13 +59,11 @@ pub struct Slot<M = Model> {
     pub state: VersionState<M>,
     /// The last failure, if any.
     pub reason: String,
-    /// Accounted memory footprint while READY, in bytes.
-    pub bytes: u64,
 }
 
 impl<M> Slot<M> {
     fn new(state: VersionState<M>) -> Slot<M> {
-        Slot { state, reason: String::new(), bytes: 0 }
+        Slot { state, reason: String::new() }
     }
 }
 
@@ -180,12 +178,11 @@ impl<M> Registry<M> {
         });
     }
 
-    /// Version `version` of `name` is loaded, holding `bytes`: it serves
-    /// from now on. A model it replaces finishes its in-flight requests, then
-    /// is dropped.
-    pub fn set_ready(&self, name: &str, version: u64, model: Arc<M>, bytes: u64) {
+    /// Version `version` of `name` is loaded: it serves from now on. A
+    /// model it replaces finishes its in-flight requests, then is dropped.
+    pub fn set_ready(&self, name: &str, version: u64, model: Arc<M>) {
         let old = self.update(name, |e| {
-            let slot = Slot { state: VersionState::Ready(model), reason: String::new(), bytes };
+            let slot = Slot::new(VersionState::Ready(model));
             e.versions.insert(version, slot).map(|s| s.state)
         });
         if let Some(VersionState::Ready(old)) = old {
@@ -345,7 +342,9 @@ impl<M> Registry<M> {
 
     /// The repository index: one row per model version, one per model for a
     /// model-level state, and one per version still draining, sorted by name.
-    pub fn index(&self) -> Vec<IndexEntry> {
+    /// A READY version's `resident_bytes` is what `resident_bytes(name,
+    /// version)` says (the residency's accounting).
+    pub fn index(&self, resident_bytes: impl Fn(&str, u64) -> u64) -> Vec<IndexEntry> {
         let mut rows = Vec::new();
         {
             let models = self.models.read();
@@ -362,7 +361,7 @@ impl<M> Registry<M> {
                 for (v, slot) in &entry.versions {
                     let (state, resident_bytes) = match slot.state {
                         VersionState::Loading => (RepositoryState::Loading, 0),
-                        VersionState::Ready(_) => (RepositoryState::Ready, slot.bytes),
+                        VersionState::Ready(_) => (RepositoryState::Ready, resident_bytes(name, *v)),
                         VersionState::Unavailable => (RepositoryState::Unavailable, 0),
                     };
                     rows.push(IndexEntry {
@@ -430,15 +429,15 @@ mod tests {
     }
 
     fn rows(r: &Registry<&'static str>) -> Vec<(String, String, &'static str)> {
-        r.index().into_iter().map(|row| (row.name, row.version, row.state.as_str())).collect()
+        r.index(|_, _| 0).into_iter().map(|row| (row.name, row.version, row.state.as_str())).collect()
     }
 
     #[test]
     fn requests_reach_the_highest_ready_version_or_the_one_named() {
         let r = registry();
         r.begin_load("m", true);
-        r.set_ready("m", 1, Arc::new("one"), 10);
-        r.set_ready("m", 2, Arc::new("two"), 20);
+        r.set_ready("m", 1, Arc::new("one"));
+        r.set_ready("m", 2, Arc::new("two"));
         r.set_loading("m", 3);
         assert_eq!(*r.resolve("m", None).unwrap(), "two");
         assert_eq!(*r.resolve("m", Some(1)).unwrap(), "one");
@@ -454,11 +453,11 @@ mod tests {
     #[test]
     fn a_failed_reload_keeps_the_ready_version_serving_with_the_reason() {
         let r = registry();
-        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_ready("m", 1, Arc::new("one"));
         r.set_loading("m", 1);
         r.set_failed("m", 1, "broken file");
         assert_eq!(*r.resolve("m", Some(1)).unwrap(), "one");
-        let row = r.index().pop().unwrap();
+        let row = r.index(|_, v| 10 * v).pop().unwrap();
         assert_eq!((row.state, row.reason.as_str(), row.resident_bytes), (RepositoryState::Ready, "broken file", 10));
         r.set_failed("m", 2, "no such file");
         assert_eq!(
@@ -473,10 +472,10 @@ mod tests {
     #[test]
     fn a_replaced_or_retired_version_drains_until_its_last_request_lets_go() {
         let r = registry();
-        r.set_ready("m", 1, Arc::new("old"), 10);
+        r.set_ready("m", 1, Arc::new("old"));
         let in_flight = r.resolve("m", Some(1)).unwrap();
         assert!(r.is_busy("m"));
-        r.set_ready("m", 2, Arc::new("new"), 10);
+        r.set_ready("m", 2, Arc::new("new"));
         r.retire_versions("m", &[2]);
         assert_eq!(rows(&r), [("m".into(), "1".into(), "UNLOADING"), ("m".into(), "2".into(), "READY")]);
         drop(in_flight);
@@ -487,7 +486,7 @@ mod tests {
     #[test]
     fn versions_stay_until_one_that_is_kept_is_ready() {
         let r = registry();
-        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_ready("m", 1, Arc::new("one"));
         r.set_failed("m", 2, "broken");
         r.retire_versions("m", &[2]);
         assert_eq!(*r.resolve("m", None).unwrap(), "one", "nothing retired while the new version is not READY");
@@ -497,7 +496,7 @@ mod tests {
     fn unloading_takes_every_version_out_and_says_why() {
         let r = registry();
         r.begin_load("m", true);
-        r.set_ready("m", 1, Arc::new("one"), 10);
+        r.set_ready("m", 1, Arc::new("one"));
         assert!(r.all_ready());
         let taken = r.unload("m", "unloaded");
         assert_eq!(taken.len(), 1);
@@ -514,7 +513,7 @@ mod tests {
     fn the_index_lists_versions_in_numeric_order() {
         let r = registry();
         for v in [10, 2, 9] {
-            r.set_ready("m", v, Arc::new("x"), 1);
+            r.set_ready("m", v, Arc::new("x"));
         }
         r.add_unloaded("a", "not loaded");
         let listed: Vec<(String, String)> = rows(&r).into_iter().map(|(n, v, _)| (n, v)).collect();

@@ -86,13 +86,32 @@ pub enum Admission {
     RefuseWhenFull,
 }
 
+/// The accounted footprint of each loaded version of a model, by version.
+pub type Versions = BTreeMap<u64, Footprint>;
+
 /// One resident model.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resident {
-    /// Accounted footprint of its loaded versions.
-    pub footprint: Footprint,
+struct Resident {
+    /// Accounted footprint of each of its loaded versions.
+    versions: Versions,
     /// Never evicted (loaded by `--load-model`, or `pinned` in its config).
-    pub pinned: bool,
+    pinned: bool,
+}
+
+impl Resident {
+    /// What its versions hold together.
+    fn footprint(&self) -> Footprint {
+        total(&self.versions)
+    }
+}
+
+/// What `versions` hold together.
+pub fn total(versions: &Versions) -> Footprint {
+    let mut total = Footprint::default();
+    for footprint in versions.values() {
+        total.add(footprint);
+    }
+    total
 }
 
 #[derive(Default)]
@@ -180,7 +199,7 @@ impl Residency {
         {
             let mut state = self.state.lock();
             for (_, resident) in state.lru().iter().filter(|(n, _)| *n != name && !victims.contains(n)) {
-                total.add(&resident.footprint);
+                total.add(&resident.footprint());
                 count += 1;
             }
         }
@@ -220,12 +239,36 @@ impl Residency {
         self.state.lock().footprints.get(name).cloned()
     }
 
+    /// The footprint of each version of `name` while it is resident; none
+    /// when it is not.
+    pub fn versions(&self, name: &str) -> Versions {
+        self.state.lock().lru().peek(name).map(|r| r.versions.clone()).unwrap_or_default()
+    }
+
+    /// What `name` holds while resident (nothing when it is not).
+    pub fn held(&self, name: &str) -> Footprint {
+        self.state.lock().lru().peek(name).map(Resident::footprint).unwrap_or_default()
+    }
+
+    /// The host memory `version` of `name` holds while resident, in bytes
+    /// (0 when it is not).
+    pub fn host_bytes(&self, name: &str, version: u64) -> u64 {
+        let mut state = self.state.lock();
+        state.lru().peek(name).and_then(|r| r.versions.get(&version)).map_or(0, |f| f.host)
+    }
+
+    /// Whether `name` is resident and never evicted (pinned by its
+    /// configuration or with [`Residency::pin`]).
+    pub fn holds_pinned(&self, name: &str) -> bool {
+        self.state.lock().lru().peek(name).is_some_and(|r| r.pinned)
+    }
+
     /// What resident models hold, together.
     pub fn used(&self) -> Footprint {
         let mut state = self.state.lock();
         let mut used = Footprint::default();
         for (_, resident) in state.lru().iter() {
-            used.add(&resident.footprint);
+            used.add(&resident.footprint());
         }
         used
     }
@@ -235,7 +278,7 @@ impl Residency {
         let mut state = self.state.lock();
         let mut total = need.clone();
         for (_, resident) in state.lru().iter().filter(|(n, _)| n.as_str() != name) {
-            total.add(&resident.footprint);
+            total.add(&resident.footprint());
         }
         total
     }
@@ -352,28 +395,29 @@ impl Residency {
             if exceeded.is_empty() && !over_count(count) {
                 break;
             }
+            let footprint = resident.footprint();
             let frees = |budget: &Option<u32>| match budget {
-                None => resident.footprint.host > 0,
-                Some(device) => resident.footprint.devices.get(device).is_some_and(|&b| b > 0),
+                None => footprint.host > 0,
+                Some(device) => footprint.devices.get(device).is_some_and(|&b| b > 0),
             };
             if !over_count(count) && !exceeded.iter().any(frees) {
                 continue;
             }
-            total.subtract(&resident.footprint);
+            total.subtract(&footprint);
             count -= 1;
             chosen.push(name);
         }
         chosen
     }
 
-    /// Records `name` as resident with its accounted footprint, most recently
-    /// used; pinned if `pinned` (its configuration says so) or it was
-    /// pinned with [`Residency::pin`].
-    pub fn admit(&self, name: &str, footprint: Footprint, pinned: bool) {
+    /// Records `name` as resident with the accounted footprints of its
+    /// loaded versions, most recently used; pinned if `pinned` (its
+    /// configuration says so) or it was pinned with [`Residency::pin`].
+    pub fn admit(&self, name: &str, versions: Versions, pinned: bool) {
         let mut state = self.state.lock();
         let pinned = pinned || state.pinned.contains(name);
-        state.footprints.insert(name.to_owned(), footprint.clone());
-        state.lru().put(name.to_owned(), Resident { footprint, pinned });
+        state.footprints.insert(name.to_owned(), total(&versions));
+        state.lru().put(name.to_owned(), Resident { versions, pinned });
     }
 
     /// Records that `name` left memory.
@@ -404,155 +448,4 @@ pub fn memory_limit() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    fn manager(bytes: u64) -> Residency {
-        Residency::new(Budget { bytes: Some(bytes), ..Budget::default() }, Admission::EvictLeastRecentlyUsed)
-    }
-
-    #[test]
-    fn the_least_recently_used_model_leaves_first() {
-        let r = manager(25 * MIB);
-        r.admit("a", Footprint::host(10 * MIB), false);
-        r.admit("b", Footprint::host(10 * MIB), false);
-        r.touch("a");
-        assert_eq!(r.victims("c", &Footprint::host(10 * MIB), |_| false), ["b"]);
-        assert_eq!(
-            r.victims("c", &Footprint::host(4 * MIB), |_| false),
-            Vec::<String>::new(),
-            "it fits without evicting"
-        );
-        assert_eq!(r.victims("c", &Footprint::host(20 * MIB), |_| false), ["b", "a"]);
-    }
-
-    #[test]
-    fn pinned_models_stay_and_busy_ones_go_last() {
-        let r = manager(25 * MIB);
-        r.admit("pinned", Footprint::host(10 * MIB), true);
-        r.admit("busy", Footprint::host(5 * MIB), false);
-        r.admit("idle", Footprint::host(5 * MIB), false);
-        r.touch("busy");
-        assert_eq!(r.victims("new", &Footprint::host(10 * MIB), |n| n == "busy"), ["idle"]);
-        assert_eq!(r.victims("new", &Footprint::host(15 * MIB), |n| n == "busy"), ["idle", "busy"]);
-        assert_eq!(r.victims("new", &Footprint::host(20 * MIB), |_| false), ["idle", "busy"], "never the pinned one");
-    }
-
-    #[test]
-    fn a_model_larger_than_the_budget_is_refused_and_the_count_limit_holds() {
-        let r = manager(25 * MIB);
-        assert!(r.check_fits("big", &Footprint::host(30 * MIB)).unwrap_err().contains("30.0 MiB"));
-        let counted =
-            Residency::new(Budget { models: Some(2), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
-        counted.admit("a", Footprint::host(1), false);
-        counted.admit("b", Footprint::host(1), false);
-        assert_eq!(counted.victims("c", &Footprint::host(1), |_| false), ["a"]);
-        assert_eq!(
-            counted.victims("b", &Footprint::host(1), |_| false),
-            Vec::<String>::new(),
-            "a resident model needs no room"
-        );
-    }
-
-    #[test]
-    fn check_free_counts_the_others_and_evicts_nothing() {
-        let r = manager(25 * MIB);
-        r.admit("a", Footprint::host(10 * MIB), false);
-        r.admit("b", Footprint::host(10 * MIB), false);
-        assert!(r.check_free("c", &Footprint::host(5 * MIB)).is_ok());
-        assert!(r.check_free("c", &Footprint::host(6 * MIB)).unwrap_err().contains("only 5.0 MiB of the 25.0 MiB"));
-        assert!(r.check_free("b", &Footprint::host(15 * MIB)).is_ok(), "its own bytes are not counted twice");
-        assert_eq!(r.used().host, 20 * MIB);
-        assert!(memory_limit() > 0);
-    }
-
-    #[test]
-    fn pinned_names_are_never_victims_and_refusing_budgets_evict_nothing() {
-        let r = manager(25 * MIB);
-        r.pin("kept");
-        r.admit("kept", Footprint::host(10 * MIB), false);
-        r.admit("other", Footprint::host(10 * MIB), false);
-        assert!(r.is_pinned("kept") && !r.is_pinned("other"));
-        assert_eq!(r.make_room("new", &Footprint::host(15 * MIB), |_| false).unwrap(), ["other"]);
-        assert!(
-            r.make_room("new", &Footprint::host(30 * MIB), |_| false)
-                .unwrap_err()
-                .contains("whole --model-memory-budget")
-        );
-
-        let mesh = Residency::new(Budget { bytes: Some(25 * MIB), ..Budget::default() }, Admission::RefuseWhenFull);
-        mesh.admit("a", Footprint::host(10 * MIB), false);
-        assert_eq!(mesh.make_room("b", &Footprint::host(15 * MIB), |_| false).unwrap(), Vec::<String>::new());
-        assert!(mesh.make_room("b", &Footprint::host(16 * MIB), |_| false).unwrap_err().contains("only 15.0 MiB"));
-    }
-
-    #[test]
-    fn pinned_models_that_fill_a_budget_refuse_the_load() {
-        let r = manager(25 * MIB);
-        r.admit("kept", Footprint::host(20 * MIB), true);
-        r.admit("other", Footprint::host(3 * MIB), false);
-        assert_eq!(r.make_room("new", &Footprint::host(5 * MIB), |_| false).unwrap(), ["other"]);
-        let refused = r.make_room("new", &Footprint::host(6 * MIB), |_| false).unwrap_err();
-        assert!(refused.contains("pinned models hold 20.0 MiB of the 25.0 MiB --model-memory-budget"), "{refused}");
-
-        let gpu = Residency::new(
-            Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() },
-            Admission::EvictLeastRecentlyUsed,
-        );
-        gpu.admit("kept", on_gpus(MIB, &[(0, 8 * MIB)]), true);
-        let refused = gpu.make_room("new", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false).unwrap_err();
-        assert!(refused.contains("4.0 MiB on GPU 0 but pinned models hold 8.0 MiB"), "{refused}");
-
-        let counted =
-            Residency::new(Budget { models: Some(1), ..Budget::default() }, Admission::EvictLeastRecentlyUsed);
-        counted.admit("kept", Footprint::host(1), true);
-        assert!(
-            counted.make_room("new", &Footprint::host(1), |_| false).unwrap_err().contains("--max-loaded-models is 1")
-        );
-    }
-
-    #[test]
-    fn footprints_are_remembered_after_eviction() {
-        let r = manager(25 * MIB);
-        r.admit("a", Footprint::host(7 * MIB), false);
-        r.remove("a");
-        assert_eq!(r.known_footprint("a"), Some(Footprint::host(7 * MIB)));
-        assert_eq!(r.used(), Footprint::default());
-    }
-
-    fn on_gpus(host: u64, devices: &[(u32, u64)]) -> Footprint {
-        Footprint { host, devices: devices.iter().copied().collect() }
-    }
-
-    #[test]
-    fn a_gpu_budget_evicts_only_models_on_that_gpu() {
-        let budget = Budget { gpu: [(0, 10 * MIB), (1, 10 * MIB)].into(), ..Budget::default() };
-        let r = Residency::new(budget, Admission::EvictLeastRecentlyUsed);
-        r.admit("cpu", on_gpus(50 * MIB, &[]), false);
-        r.admit("gpu0", on_gpus(MIB, &[(0, 6 * MIB)]), false);
-        r.admit("gpu1", on_gpus(MIB, &[(1, 6 * MIB)]), false);
-        r.touch("cpu");
-        r.touch("gpu1");
-        // Least recently used first is gpu0, then cpu, then gpu1: only the
-        // one on GPU 1 makes room there.
-        assert_eq!(r.victims("new", &on_gpus(MIB, &[(1, 6 * MIB)]), |_| false), ["gpu1"]);
-        assert_eq!(r.victims("new", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false), Vec::<String>::new());
-        assert_eq!(r.victims("new", &on_gpus(MIB, &[(0, 5 * MIB), (1, 5 * MIB)]), |_| false), ["gpu0", "gpu1"]);
-        let too_big = r.check_fits("new", &on_gpus(MIB, &[(1, 11 * MIB)])).unwrap_err();
-        assert!(too_big.contains("11.0 MiB on GPU 1 but --model-load-gpu-limit allows 10.0 MiB"), "{too_big}");
-        assert_eq!(r.used(), on_gpus(52 * MIB, &[(0, 6 * MIB), (1, 6 * MIB)]));
-    }
-
-    #[test]
-    fn a_refusing_gpu_budget_names_the_room_left() {
-        let budget = Budget { gpu: [(0, 10 * MIB)].into(), ..Budget::default() };
-        let r = Residency::new(budget, Admission::RefuseWhenFull);
-        r.admit("a", on_gpus(MIB, &[(0, 6 * MIB)]), false);
-        assert_eq!(r.make_room("b", &on_gpus(MIB, &[(0, 4 * MIB)]), |_| false).unwrap(), Vec::<String>::new());
-        let refused = r.make_room("b", &on_gpus(MIB, &[(0, 5 * MIB)]), |_| false).unwrap_err();
-        assert!(refused.contains("only 4.0 MiB of the 10.0 MiB --model-load-gpu-limit"), "{refused}");
-        assert!(r.check_free("a", &on_gpus(MIB, &[(0, 10 * MIB)])).is_ok(), "its own bytes are not counted twice");
-    }
-}
+mod tests;

@@ -50,15 +50,19 @@ def image():
     # short, since podman refuses a run root path over 50 characters.
     folder = pathlib.Path(tempfile.gettempdir()) / f"plinth-image-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
-    build = subprocess.run([ROOT / "scripts/dist.sh", folder / "plinth"], capture_output=True, text=True,
-                           timeout=BUILD_GUARD_S)
-    assert build.returncode == 0, f"scripts/dist.sh failed:\n{build.stdout}{build.stderr}"
-    build = subprocess.run([ROOT / "scripts/image.sh", folder / "plinth", folder / "image"], capture_output=True,
-                           text=True, timeout=BUILD_GUARD_S, env={**os.environ, "IMAGE": f"plinth:{TAG}"})
-    assert build.returncode == 0, f"scripts/image.sh failed:\n{build.stdout}{build.stderr}"
-    assert f"skopeo copy oci:{folder / 'image'}:{TAG} docker://REGISTRY/plinth:{TAG}" in build.stdout, build.stdout
-    yield folder / "image", folder
-    shutil.rmtree(folder, ignore_errors=True)
+    # Removed however the build ends: a failed one must not leave half a
+    # gigabyte behind in /tmp.
+    try:
+        build = subprocess.run([ROOT / "scripts/dist.sh", folder / "plinth"], capture_output=True, text=True,
+                               timeout=BUILD_GUARD_S)
+        assert build.returncode == 0, f"scripts/dist.sh failed:\n{build.stdout}{build.stderr}"
+        build = subprocess.run([ROOT / "scripts/image.sh", folder / "plinth", folder / "image"], capture_output=True,
+                               text=True, timeout=BUILD_GUARD_S, env={**os.environ, "IMAGE": f"plinth:{TAG}"})
+        assert build.returncode == 0, f"scripts/image.sh failed:\n{build.stdout}{build.stderr}"
+        assert f"skopeo copy oci:{folder / 'image'}:{TAG} docker://REGISTRY/plinth:{TAG}" in build.stdout, build.stdout
+        yield folder / "image", folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def layout_config(layout):

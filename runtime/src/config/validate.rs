@@ -57,12 +57,12 @@ impl Problems {
     }
 }
 
-/// Checks `config` (of a model whose folder is `name`).
+/// Checks `config`, and returns its Plinth `parameters`, parsed.
 ///
 /// # Errors
 /// Every problem found, one message each, naming the field as Triton's
 /// model configuration does.
-pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
+pub fn validate(config: &ModelConfig) -> Result<super::Parameters, Vec<String>> {
     let mut p = Problems(Vec::new());
     platform(config, &mut p);
     p.check(config.max_batch_size >= 0, || {
@@ -113,8 +113,11 @@ pub fn validate(config: &ModelConfig) -> Result<(), Vec<String>> {
     instance_groups(config, &mut p);
     optimization(config.optimization.as_ref(), &mut p);
     unsupported(config, &mut p);
-    p.0.extend(super::Parameters::parse(config).err().unwrap_or_default());
-    if p.0.is_empty() { Ok(()) } else { Err(p.0) }
+    let parameters = super::Parameters::parse(config).map_err(|problems| p.0.extend(problems));
+    match parameters {
+        Ok(parameters) if p.0.is_empty() => Ok(parameters),
+        _ => Err(p.0),
+    }
 }
 
 fn platform(config: &ModelConfig, p: &mut Problems) {

@@ -20,7 +20,7 @@ use crate::registry::{IndexEntry, RepositoryState};
 pub async fn check_repository(opts: &LoadingOptions) -> Result<Vec<String>, String> {
     let lifecycle = Lifecycle::from_options(&LoadingOptions { control_mode: ControlMode::None, ..opts.clone() })?;
     lifecycle.start(&[]).await?;
-    Ok(lifecycle.registry().index().iter().filter_map(problem).collect())
+    Ok(lifecycle.index().iter().filter_map(problem).collect())
 }
 
 /// The line for a row of the index that does not serve, if it does not.

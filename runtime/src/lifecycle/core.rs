@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::repository::{ModelDir, ModelFiles, Repositories, ScanError};
-use crate::residency::{Footprint, Residency};
+use crate::residency::{self, Footprint, Residency, Versions};
 use crate::rollout::Rollouts;
 
 /// Why an evicted model is not serving.
@@ -160,20 +160,27 @@ impl Core {
         Ok(())
     }
 
-    /// Records `name`'s accounted footprint once its load finished, and
-    /// makes room if it turned out larger than room was made for.
+    /// Records what `name`'s READY versions hold once a load or unload of
+    /// some of them finished: the accounted footprints of the versions just
+    /// loaded (`loaded`) with those of the versions still READY from
+    /// before. Makes room if the model turned out larger than room was made
+    /// for.
     ///
     /// # Errors
     /// A message when the footprint exceeds the whole budget (or, where
     /// nothing is evicted, the room left): the model is taken out again, and
     /// later requests are refused without a load.
-    pub(super) fn settle(&self, name: &str, footprint: Footprint, pinned_by_config: bool) -> Result<(), String> {
+    pub(super) fn settle(&self, name: &str, loaded: Versions, pinned_by_config: bool) -> Result<(), String> {
+        let mut versions = self.residency.versions(name);
+        versions.retain(|v, _| self.registry.is_ready(name, *v));
+        versions.extend(loaded);
+        let footprint = residency::total(&versions);
         if footprint.is_empty() {
             self.residency.remove(name);
             return Ok(());
         }
         let previous = self.residency.known_footprint(name).unwrap_or_default();
-        self.residency.admit(name, footprint.clone(), pinned_by_config);
+        self.residency.admit(name, versions, pinned_by_config);
         if let Err(reason) = self.make_room(name, &footprint) {
             self.take_out(name, &reason);
             // The series of GPUs only the versions before it used go too.
@@ -214,7 +221,7 @@ impl Core {
         }
         self.registry.retire_versions(name, &keep);
         record.keep_ready(&self.registry, name);
-        if let Err(reason) = self.settle(name, record.footprint(), self.residency.is_pinned(name)) {
+        if let Err(reason) = self.settle(name, Versions::new(), self.residency.holds_pinned(name)) {
             tracing::warn!(model = %name, "{reason}");
         }
     }

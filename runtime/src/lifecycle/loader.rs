@@ -13,7 +13,8 @@ use crate::repository::{Fingerprint, ModelDir};
 
 /// Loads model versions.
 pub trait Loader: Send + Sync {
-    /// Loads and warms up version `version` of `dir` with `config`, and
+    /// Loads and warms up version `version` of `dir` with `config` and its
+    /// validated `parameters`, and
     /// returns it with the least memory it can hold, in bytes (the size of
     /// its weight files); its footprint is the larger of that and what
     /// [`Model::resident_bytes`] accounts once its plugin warmed up too.
@@ -21,7 +22,13 @@ pub trait Loader: Send + Sync {
     ///
     /// # Errors
     /// [`LoadError::Failed`] with the reason the version cannot serve.
-    fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError>;
+    fn load(
+        &self,
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+        parameters: &Parameters,
+    ) -> Result<(Model, u64), LoadError>;
 
     /// Device memory free on GPU `gpu` now, in bytes, for every process;
     /// `None` when that cannot be known (no NVML, no such GPU).
@@ -47,20 +54,26 @@ impl RuntimeLoader {
 impl Loader for RuntimeLoader {
     /// Logs each stage (`load: start`, `session created`, `warm-up done`,
     /// `ready`) with the milliseconds since the start.
-    fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
+    fn load(
+        &self,
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+        parameters: &Parameters,
+    ) -> Result<(Model, u64), LoadError> {
         let started = Instant::now();
         let ms = || started.elapsed().as_millis() as u64;
         // A plugin compiles into the cache (once per process and file)
         // first, so the load itself only maps the compiled code. A failure
         // here is reported by the load itself.
-        if let Some(own) = Parameters::parse(config).ok().and_then(|p| p.plugin).filter(|p| !p.file.is_empty()) {
+        if let Some(own) = parameters.plugin.as_ref().filter(|p| !p.file.is_empty()) {
             let wasm = dir.path.join(&own.file);
             if wasm.is_file() && crate::repository::is_within(&wasm, &dir.path) {
                 let _ = self.runtimes.plugins.precompile(&wasm);
             }
         }
         tracing::info!(model = %dir.name, version, "load: start");
-        let loaded = Model::load(dir, version, config, &self.runtimes).and_then(|model| {
+        let loaded = Model::load(dir, version, config, parameters, &self.runtimes).and_then(|model| {
             tracing::info!(model = %dir.name, version, ms = ms(), "load: session created");
             let runs = model.warm_up(&dir.path)?;
             tracing::info!(model = %dir.name, version, ms = ms(), runs, "load: warm-up done");

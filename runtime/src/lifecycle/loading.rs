@@ -16,7 +16,7 @@ use crate::config::{self, ModelConfig, Parameters, Signature};
 use crate::error::LoadError;
 use crate::model::{Ensemble, Model};
 use crate::repository::{self, ModelDir, ModelFiles};
-use crate::residency::Footprint;
+use crate::residency::{Footprint, Versions};
 use crate::rollout;
 use crate::scheduler::sequence::policy::SequencePolicy;
 
@@ -151,9 +151,8 @@ impl Core {
         record: &mut ModelRecord,
     ) -> Result<(), LoadError> {
         let name = &dir.name;
-        let config = model_config(dir, config_json, options.rename)
+        let (config, parameters) = model_config(dir, config_json, options.rename)
             .map_err(|problems| self.cannot_load(name, LoadError::Failed(problems.join("; "))))?;
-        let parameters = Parameters::of(&config).map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
         let declared = rollout::declared_plan(parameters.rollout.as_deref())
             .map_err(|e| self.cannot_load(name, LoadError::Failed(e)))?;
         let mut step_labels = StepLabels::new();
@@ -187,7 +186,7 @@ impl Core {
             .iter()
             .map(|&v| (v, (files.top.clone(), files.versions[&v].clone(), config_json.map(str::to_owned))))
             .filter(|(v, key)| {
-                let unchanged = record.loaded.get(v).is_some_and(|(k, _)| k == key) && self.registry.is_ready(name, *v);
+                let unchanged = record.loaded.get(v) == Some(key) && self.registry.is_ready(name, *v);
                 if unchanged {
                     tracing::debug!(model = %name, version = v, "unchanged: not reloaded");
                 }
@@ -199,11 +198,11 @@ impl Core {
             if !self.retire_unkept(name, keep, &available, record) {
                 return Ok(());
             }
-            return self.settle_config(name, &parameters, record).map_err(LoadError::Failed);
+            return self.settle(name, Versions::new(), parameters.pinned).map_err(LoadError::Failed);
         }
         // A swap that does not fit on its GPU is settled first, so that a
         // refused one evicts nothing.
-        let unloaded = self.room_to_swap(name, &config, record).await;
+        let unloaded = self.room_to_swap(name, &config, parameters.gpu_swap_policy, record).await;
         let new_bytes = changed.iter().map(|(v, _)| files.versions[v].bytes()).sum();
         let room = unloaded.and_then(|unloaded| self.room_to_load(name, new_bytes).map(|()| unloaded));
         let unloaded = room.map_err(|reason| {
@@ -218,14 +217,14 @@ impl Core {
                 .collect();
         }
         let mut failures = Vec::new();
-        let mut new_ready = Vec::new();
+        let mut new_ready = Versions::new();
         for (version, key) in changed {
             self.registry.set_loading(name, version);
-            match self.load_version(dir, version, &config, &step_labels).await {
+            match self.load_version(dir, version, (&config, &parameters), &step_labels).await {
                 Ok((model, footprint)) => {
-                    self.registry.set_ready(name, version, model, footprint.host);
-                    record.loaded.insert(version, (key, footprint));
-                    new_ready.push(version);
+                    self.registry.set_ready(name, version, model);
+                    record.loaded.insert(version, key);
+                    new_ready.insert(version, footprint);
                 }
                 Err(e) => {
                     tracing::error!(model = %name, version, "load failed: {e}");
@@ -234,12 +233,12 @@ impl Core {
                 }
             }
         }
-        let candidate = answering.and_then(|serving| new_ready.into_iter().filter(|v| *v != serving).max());
+        let candidate = answering.and_then(|serving| new_ready.keys().copied().filter(|v| *v != serving).max());
         if let (Some(plan), Some(serving), Some(candidate)) = (declared, answering, candidate) {
             self.roll_out_new_version(name, plan, candidate, serving);
         }
         self.retire_unkept(name, keep, &available, record);
-        self.settle_config(name, &parameters, record).map_err(LoadError::Failed)?;
+        self.settle(name, new_ready, parameters.pinned).map_err(LoadError::Failed)?;
         if failures.is_empty() { Ok(()) } else { Err(LoadError::Failed(failures.join("; "))) }
     }
 
@@ -255,12 +254,6 @@ impl Core {
         let retired = record.keep_ready(&self.registry, name);
         self.end_rollout_without_versions(name);
         retired
-    }
-
-    /// [`Core::settle`] with the footprint of `record`'s versions, pinned
-    /// when `config` says so.
-    fn settle_config(&self, name: &str, parameters: &Parameters, record: &ModelRecord) -> Result<(), String> {
-        self.settle(name, record.footprint(), parameters.pinned)
     }
 
     /// Room for loading `name`, whose new version files hold `new_bytes`.
@@ -292,7 +285,7 @@ impl Core {
         &self,
         dir: &ModelDir,
         version: u64,
-        config: &ModelConfig,
+        (config, parameters): (&ModelConfig, &Parameters),
         step_labels: &StepLabels,
     ) -> Result<(Arc<Model>, Footprint), LoadError> {
         let _permit = self
@@ -302,8 +295,8 @@ impl Core {
             .map_err(|_| LoadError::Failed("the server is shutting down".to_owned()))?;
         self.metrics.residency.loads.with_label_values(&[&dir.name]).inc();
         self.metrics.residency.loads_in_progress.inc();
-        let (loader, dir, config) = (self.loader.clone(), dir.clone(), config.clone());
-        let loading = tokio::task::spawn_blocking(move || loader.load(&dir, version, &config));
+        let (loader, dir, config, parameters) = (self.loader.clone(), dir.clone(), config.clone(), parameters.clone());
+        let loading = tokio::task::spawn_blocking(move || loader.load(&dir, version, &config, &parameters));
         let result = loading.await.map_err(|e| LoadError::Failed(format!("loading panicked: {e}")));
         self.metrics.residency.loads_in_progress.dec();
         let (mut model, least) = result??;
@@ -334,7 +327,7 @@ pub(super) fn model_config(
     dir: &ModelDir,
     config_json: Option<&str>,
     rename: bool,
-) -> Result<ModelConfig, Vec<String>> {
+) -> Result<(ModelConfig, Parameters), Vec<String>> {
     let mut config = match config_json {
         Some(json) => config::parse_json(json)
             .map_err(|e| format!("the 'config' parameter is not a valid model configuration: {e}")),
@@ -351,9 +344,12 @@ pub(super) fn model_config(
             config.name, dir.name
         ));
     }
-    problems.extend(config::validate::validate(&config).err().unwrap_or_default());
+    let parameters = config::validate::validate(&config).map_err(|found| problems.extend(found));
     // The scheduler's rules that need no file run with the validation, as
     // Triton's do, so that a model without versions is refused for them too.
     problems.extend(SequencePolicy::check_config(&config).err());
-    if problems.is_empty() { Ok(config) } else { Err(problems) }
+    match parameters {
+        Ok(parameters) if problems.is_empty() => Ok((config, parameters)),
+        _ => Err(problems),
+    }
 }

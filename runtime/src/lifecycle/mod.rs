@@ -55,7 +55,7 @@ use self::core::Core;
 use crate::error::{Error, LoadError};
 use crate::metrics::Metrics;
 use crate::model::Model;
-use crate::registry::Registry;
+use crate::registry::{IndexEntry, Registry};
 use crate::repository::{Repositories, ScanError};
 use crate::residency::{Admission, Budget, Residency};
 use crate::rollout::Plan;
@@ -172,6 +172,12 @@ impl Lifecycle {
     /// The registry it records states in.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.core.registry
+    }
+
+    /// The repository index (`Registry::index`), each READY version with
+    /// the memory the residency accounts to it.
+    pub fn index(&self) -> Vec<IndexEntry> {
+        self.core.registry.index(|name, version| self.core.residency.host_bytes(name, version))
     }
 
     /// The metrics it counts loads and residency in.

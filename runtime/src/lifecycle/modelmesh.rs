@@ -311,7 +311,7 @@ async fn load_locked(
                 source.path().display()
             )));
         }
-        return Ok(record.footprint().host);
+        return Ok(core.residency.held(id).host);
     }
     core.residency.check_free(id, &Footprint::host(source.bytes())).map_err(LoadError::NoRoom)?;
     let placed = source.place(id).map_err(LoadError::Failed)?;
@@ -326,7 +326,7 @@ async fn load_locked(
             format!("failed to load '{id}': {reason}")
         }));
     }
-    Ok(record.footprint().host)
+    Ok(core.residency.held(id).host)
 }
 #[cfg(test)]
 mod tests {

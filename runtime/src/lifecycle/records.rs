@@ -1,13 +1,13 @@
 //! What the lifecycle last did with each model: the files its last load
-//! attempt saw and why it failed, the origin and accounted footprint of
-//! each READY version, and the folder a load from memory staged.
+//! attempt saw and why it failed, the origin of each READY version, and the
+//! folder a load from memory staged. What each version holds in memory is
+//! the residency's (`crate::residency`).
 
 use std::collections::BTreeMap;
 
 use crate::error::LoadError;
 use crate::registry::Registry;
 use crate::repository::{Fingerprint, ModelFiles};
-use crate::residency::Footprint;
 
 /// Where a READY version came from: the model folder's own files, the
 /// version folder's files and the configuration override, if any. The same
@@ -24,22 +24,14 @@ pub(super) struct ModelRecord {
     pub(super) attempted: Option<(ModelFiles, Option<String>)>,
     /// Why that attempt failed, if it did.
     pub(super) failure: Option<LoadError>,
-    /// Each READY version's origin and accounted footprint.
-    pub(super) loaded: BTreeMap<u64, (LoadKey, Footprint)>,
+    /// Each READY version's origin.
+    pub(super) loaded: BTreeMap<u64, LoadKey>,
     /// The folder the last load's `file:` parameters made, kept while a
     /// version loaded from it may serve.
     pub(super) staged: Option<tempfile::TempDir>,
 }
 
 impl ModelRecord {
-    /// The accounted footprint of the model's READY versions.
-    pub(super) fn footprint(&self) -> Footprint {
-        let mut total = Footprint::default();
-        for (_, footprint) in self.loaded.values() {
-            total.add(footprint);
-        }
-        total
-    }
     /// Forgets the versions of `name` that `registry` no longer has READY
     /// (evicted, refused room, retired); whether any went.
     pub(super) fn keep_ready(&mut self, registry: &Registry, name: &str) -> bool {

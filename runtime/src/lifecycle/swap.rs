@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::records::ModelRecord;
-use crate::config::{GpuSwapPolicy, ModelConfig, Parameters};
+use crate::config::{GpuSwapPolicy, ModelConfig};
 use crate::drain::InUse;
 use crate::model::Model;
 use crate::residency::{self, Footprint};
@@ -29,15 +29,15 @@ impl Core {
     /// Under [`GpuSwapPolicy::Refuse`], a message naming the GPU, both sizes
     /// and the parameter that allows unloading first; under
     /// [`GpuSwapPolicy::UnloadFirst`], when requests still hold the old
-    /// versions at the load timeout or the GPU is still short of room; a
-    /// bad policy value.
+    /// versions at the load timeout or the GPU is still short of room.
     pub(super) async fn room_to_swap(
         &self,
         name: &str,
         config: &ModelConfig,
+        policy: GpuSwapPolicy,
         record: &mut ModelRecord,
     ) -> Result<bool, String> {
-        let serving = record.footprint();
+        let serving = self.residency.held(name);
         let wanted: BTreeMap<u32, u64> = serving
             .devices
             .iter()
@@ -47,7 +47,6 @@ impl Core {
         if wanted.is_empty() {
             return Ok(false);
         }
-        let policy = Parameters::of(config)?.gpu_swap_policy;
         // Device memory only: the host budget is settled after the load.
         let both = Footprint { host: 0, devices: wanted.iter().map(|(&gpu, &b)| (gpu, 2 * b)).collect() };
         let budget = self.residency.check_free_on_gpus(name, &both).err();

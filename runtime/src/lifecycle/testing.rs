@@ -51,7 +51,13 @@ impl FakeLoader {
 }
 
 impl Loader for FakeLoader {
-    fn load(&self, dir: &ModelDir, version: u64, config: &ModelConfig) -> Result<(Model, u64), LoadError> {
+    fn load(
+        &self,
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+        parameters: &Parameters,
+    ) -> Result<(Model, u64), LoadError> {
         self.loads.lock().push((dir.name.clone(), version));
         if let Some(gate) = &self.gate {
             gate.pass();
@@ -61,11 +67,10 @@ impl Loader for FakeLoader {
             return Err(LoadError::Failed(message.to_owned()));
         }
         let bytes = parameter("fake.bytes").map_or(FAKE_BYTES, |b| b.parse().unwrap());
-        let parameters = Parameters::of(config).map_err(LoadError::Failed)?;
         if let Some(ensemble) = Ensemble::from_config(config) {
             let signature = Signature::from_config(config).map_err(LoadError::Failed)?;
             let metrics = self.metrics.for_model(&dir.name, version);
-            let model = Model::ensemble(&dir.name, version, config, parameters, signature, ensemble, metrics);
+            let model = Model::ensemble(&dir.name, version, config, parameters.clone(), signature, ensemble, metrics);
             return Ok((model, bytes));
         }
         let spec = |name: &str| TensorSpec::new(name, DataType::Fp32, &[1]);
@@ -81,7 +86,7 @@ impl Loader for FakeLoader {
             name: &dir.name,
             version,
             config,
-            parameters,
+            parameters: parameters.clone(),
             signature,
             instances,
             scheduling: Scheduling::Dynamic(policy),
@@ -187,5 +192,5 @@ pub fn lifecycle(
 
 /// `(name, version, state, reason)` of each row of the repository index.
 pub fn index(lifecycle: &Lifecycle) -> Vec<(String, String, &'static str, String)> {
-    lifecycle.registry().index().into_iter().map(|r| (r.name, r.version, r.state.as_str(), r.reason)).collect()
+    lifecycle.index().into_iter().map(|r| (r.name, r.version, r.state.as_str(), r.reason)).collect()
 }

@@ -77,12 +77,18 @@ impl Model {
     /// A message saying what failed: an unsupported platform, a missing or
     /// invalid model file, a configuration that does not match the model
     /// (naming the tensor and both values), or a plugin that does not load.
-    pub fn load(dir: &ModelDir, version: u64, config: &ModelConfig, rt: &Runtimes) -> Result<Model, String> {
-        let parameters = Parameters::of(config)?;
+    pub fn load(
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+        parameters: &Parameters,
+        rt: &Runtimes,
+    ) -> Result<Model, String> {
         if let Some(ensemble) = Ensemble::from_config(config) {
             let signature = Signature::from_config(config)?;
             let metrics = rt.metrics.for_model(&dir.name, version);
-            let mut model = Model::ensemble(&dir.name, version, config, parameters, signature, ensemble, metrics);
+            let mut model =
+                Model::ensemble(&dir.name, version, config, parameters.clone(), signature, ensemble, metrics);
             model.labels = outputs::load_labels(config, &dir.path)?;
             model.cache = response_cache(config, rt)?;
             return Ok(model);
@@ -95,7 +101,7 @@ impl Model {
             &dir.name,
             &version_dir,
             config,
-            &parameters,
+            parameters,
             &scheduling.backend_signature(&signature),
             rt,
         )?;
@@ -136,7 +142,7 @@ impl Model {
             name: &dir.name,
             version,
             config,
-            parameters,
+            parameters: parameters.clone(),
             signature,
             instances,
             scheduling,

@@ -274,7 +274,7 @@ impl Service {
     /// The repository index: every model version and its state, or only the
     /// READY ones.
     pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
-        let rows = self.registry().index();
+        let rows = self.lifecycle.index();
         rows.into_iter().filter(|r| !ready_only || r.state == RepositoryState::Ready).collect()
     }
 
@@ -330,7 +330,7 @@ impl Service {
     pub fn trace_settings(&self, model: Option<&str>, update: Option<&Update>) -> Result<Value, Error> {
         let tracing = self.tracing.as_deref().ok_or_else(|| Error::Unsupported("this server traces nothing".into()))?;
         if let Some(name) = model
-            && !self.registry().index().iter().any(|row| row.name == name)
+            && !self.lifecycle.index().iter().any(|row| row.name == name)
         {
             return Err(Error::NotFound(format!("{UNKNOWN_MODEL}: '{name}'")));
         }
