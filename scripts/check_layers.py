@@ -20,6 +20,10 @@ rollout type, since the lifecycle carries out a request's every step.
 
 No file under runtime/src passes 600 lines (MAX_LINES).
 
+The library's public surface is what the binary, the benches and the fuzz
+targets use (PUBLIC): every other top-level module is `pub(crate)`, so
+that rustc's dead-code lint sees what nothing calls.
+
 One lock policy too: no file under runtime/src uses std's `Mutex` or
 `RwLock`, which a panic poisons (and then every later request that takes
 the lock fails); parking_lot's, which a panic cannot poison, are the rule.
@@ -202,6 +206,20 @@ def long_files(src: pathlib.Path) -> list[str]:
     return found
 
 
+# The modules lib.rs may declare `pub`: `cli` for the binary (main.rs),
+# what bench/plugin_call.rs and bench/overhead.rs drive, and the fuzz
+# targets' entry points.
+PUBLIC = {"cli", "config", "error", "fuzzing", "metrics", "plugin", "protocol", "scheduler", "tensor", "trace"}
+PUB_MOD = re.compile(r"^pub mod ([a-z_][a-z0-9_]*);", re.MULTILINE)
+
+
+def public_modules(src: pathlib.Path) -> list[str]:
+    """Every module lib.rs declares `pub` beyond PUBLIC."""
+    declared = PUB_MOD.findall((src / "lib.rs").read_text())
+    return [f"{src / 'lib.rs'}: 'pub mod {m};': nothing outside the crate uses it, make it pub(crate)"
+            for m in declared if m not in PUBLIC]
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "runtime/src")
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
@@ -229,6 +247,7 @@ def main() -> int:
     problems += poisonable_locks(src)
     problems += kind_dispatch(src)
     problems += long_files(src)
+    problems += public_modules(src)
     doc = src.parents[1] / LAYOUT_DOC
     listed = layout_names(doc)
     for m in sorted(modules - listed):

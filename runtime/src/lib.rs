@@ -10,24 +10,24 @@
 
 #![warn(missing_docs)]
 
-pub mod backend;
+pub(crate) mod backend;
 pub mod cli;
 pub mod config;
-pub mod drain;
+pub(crate) mod drain;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod gpu;
-pub mod lifecycle;
+pub(crate) mod gpu;
+pub(crate) mod lifecycle;
 pub mod metrics;
-pub mod model;
+pub(crate) mod model;
 pub mod plugin;
 pub mod protocol;
-pub mod registry;
-pub mod repository;
-pub mod residency;
-pub mod rollout;
+pub(crate) mod registry;
+pub(crate) mod repository;
+pub(crate) mod residency;
+pub(crate) mod rollout;
 pub mod scheduler;
-pub mod server;
+pub(crate) mod server;
 pub mod tensor;
 pub mod trace;

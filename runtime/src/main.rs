@@ -5,8 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use std::sync::Arc;
 
-use plinth::cli::{CheckArgs, Cli, Command, LogFormat, PluginCommand};
-use plinth::server::logging::Logging;
+use plinth::cli::{CheckArgs, Cli, Command, LogFormat, Logging, PluginCommand};
 
 /// The malloc arenas `plinth serve` lets glibc open (glibc's default is
 /// eight per core). Loads and unloads run on short-lived threads, a new
@@ -36,13 +35,13 @@ fn main() -> ExitCode {
     // Before any TLS client or server is built (the listeners, object
     // storage, the OTLP exporter): reqwest's rustls has no provider of its
     // own, and every TLS user of the process agrees on ring.
-    plinth::server::tls::install_crypto_provider();
+    plinth::cli::install_crypto_provider();
     match Cli::parse().command {
         Command::Serve(args) => {
             bound_malloc_arenas();
             let logging = Arc::new(Logging::init(args.log_verbose, args.log_format));
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            let result = args.options().and_then(|opts| runtime.block_on(plinth::server::serve(opts, logging)));
+            let result = args.options().and_then(|opts| runtime.block_on(plinth::cli::serve(opts, logging)));
             // Blocking tasks still running (a plugin call) are not waited for.
             runtime.shutdown_background();
             finish(result)
@@ -73,7 +72,7 @@ fn main() -> ExitCode {
 fn check(args: CheckArgs) -> Result<bool, String> {
     let opts = args.options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let problems = runtime.block_on(plinth::lifecycle::check_repository(&opts))?;
+    let problems = runtime.block_on(plinth::cli::check_repository(&opts))?;
     // Blocking tasks still running (a plugin call) are not waited for, as
     // at the end of `serve`.
     runtime.shutdown_background();

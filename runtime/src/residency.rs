@@ -152,11 +152,6 @@ impl Residency {
         self.state.try_lock_for(wait).is_some()
     }
 
-    /// The budget.
-    pub fn budget(&self) -> &Budget {
-        &self.budget
-    }
-
     /// Pins `name`: it is never evicted.
     pub fn pin(&self, name: &str) {
         self.state.lock().pinned.insert(name.to_owned());

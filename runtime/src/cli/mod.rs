@@ -10,6 +10,12 @@ use clap::{Args, Parser, Subcommand};
 mod serve;
 pub use serve::ServeArgs;
 
+/// What `plinth check` and `plinth serve` run.
+pub use crate::lifecycle::check_repository;
+pub use crate::server::logging::Logging;
+pub use crate::server::serve;
+pub use crate::server::tls::install_crypto_provider;
+
 use crate::lifecycle::{ControlMode, LoadLimits, LoadingOptions};
 use crate::plugin::PluginLimits;
 use crate::repository::Location;

@@ -25,8 +25,8 @@ pub mod proto {
 pub use proto::ModelConfig;
 
 mod backends;
-pub mod parameters;
-pub mod validate;
+pub(crate) mod parameters;
+pub(crate) mod validate;
 
 pub use backends::{BackendKind, served};
 pub use parameters::{GpuSwapPolicy, Parameters};

@@ -45,9 +45,9 @@ pub use crate::rollout::{Figures, Phase, RolloutStatus};
 pub use check::check_repository;
 pub use loader::{Loader, RuntimeLoader};
 pub use modelmesh::{DEFAULT_MODEL_SIZE, Mesh, Source, predict_size};
-pub use request::{FILE_PREFIX, LoadRequest};
+pub use request::LoadRequest;
 pub use runtimes::LoadingOptions;
-pub use serve::{Accepted, Caller, Headers, InferCall, Inferred, NO_HEADERS};
+pub use serve::{Accepted, Caller, Headers, InferCall};
 
 use std::sync::Arc;
 

@@ -477,7 +477,7 @@ impl Total {
 pub struct ModelStatistics {
     /// The model's name.
     pub name: String,
-    /// The version.
+    /// The version number, as text (as the statistics extension writes it).
     pub version: String,
     /// Milliseconds since the epoch of the last successful execution.
     pub last_inference: u64,

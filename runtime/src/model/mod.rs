@@ -30,13 +30,16 @@ use crate::scheduler::Scheduler;
 use crate::scheduler::sequence::{CorrelationId, Owner, SequenceScheduler};
 
 pub use cache::ResponseCache;
+#[cfg(feature = "fuzzing")]
 pub use check::check_inputs;
-pub use ensemble::{Ensemble, Step};
+pub use ensemble::Ensemble;
 pub use instances::may_use_gpu;
+#[cfg(test)]
 pub use load::ModelParts;
 pub use outputs::OutputRequest;
 pub use predict::PredictTiming;
 pub use runtimes::Runtimes;
+#[cfg(test)]
 pub use scheduling::Scheduling;
 
 /// A model version that is loaded and can serve.

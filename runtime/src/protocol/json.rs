@@ -60,7 +60,7 @@ pub struct RequestedOutput {
 pub struct InferResponse {
     /// The model that answered.
     pub model_name: String,
-    /// Its version.
+    /// The version that answered, as text (the protocol's string).
     pub model_version: String,
     /// The request's id, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -115,9 +115,9 @@ pub struct ModelMetadata {
     pub versions: Vec<String>,
     /// The platform (`onnxruntime_onnx`, `pytorch_libtorch`).
     pub platform: String,
-    /// The inputs.
+    /// The input tensors, in the configuration's order.
     pub inputs: Vec<TensorMetadata>,
-    /// The outputs.
+    /// The output tensors, in the configuration's order.
     pub outputs: Vec<TensorMetadata>,
 }
 

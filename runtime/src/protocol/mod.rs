@@ -9,11 +9,11 @@
 //! (`server`) and the remote backend (`backend::remote`), which speaks the
 //! same protocol to another server, both use it.
 
-pub mod binary;
-pub mod grpc;
+pub(crate) mod binary;
+pub(crate) mod grpc;
 pub mod json;
-pub mod json_data;
-pub mod parameters;
-pub mod repository;
-pub mod request;
-pub mod shared_memory;
+pub(crate) mod json_data;
+pub(crate) mod parameters;
+pub(crate) mod repository;
+pub(crate) mod request;
+pub(crate) mod shared_memory;

@@ -28,6 +28,7 @@ pub const FILE_PREFIX: &str = "file:";
 
 impl LoadRequest {
     /// A load with only a configuration override (or none).
+    #[cfg(test)]
     pub fn config(config: Option<String>) -> LoadRequest {
         LoadRequest { config, ..LoadRequest::default() }
     }

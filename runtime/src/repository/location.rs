@@ -33,22 +33,17 @@ pub struct RemoteLocation {
 pub enum Store {
     /// Amazon S3, or any server with its API at `endpoint`.
     S3 {
-        /// The bucket.
         bucket: String,
         /// A custom endpoint (`http://host:port` or `https://host:port`),
         /// or `None` for AWS itself.
         endpoint: Option<String>,
     },
     /// Google Cloud Storage.
-    Gcs {
-        /// The bucket.
-        bucket: String,
-    },
+    Gcs { bucket: String },
     /// Azure Blob Storage.
     Azure {
         /// The storage account.
         account: String,
-        /// The container.
         container: String,
     },
 }

@@ -9,9 +9,8 @@ pub mod remote;
 mod sources;
 mod stores;
 
-pub use location::{Location, RemoteLocation, Store};
-pub use remote::{Listing, RemoteError, RemoteRepository};
-pub use sources::{Repositories, Repository, ScanError};
+pub use location::Location;
+pub use sources::{Repositories, ScanError};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ mod plan;
 mod state;
 mod window;
 
-pub use plan::{DEFAULT_STEPS, Plan, ShadowPlan, declared_plan};
+pub use plan::{Plan, ShadowPlan, declared_plan};
 pub use window::{Figures, Window};
 
 use state::Rollout;
@@ -105,7 +105,6 @@ pub struct ShadowCounts {
 /// plan's tolerances. Give it back to [`Rollouts::shadowed`].
 #[derive(Clone, Debug)]
 pub struct ShadowTicket {
-    /// The model.
     pub model: String,
     /// The candidate version to run the request on.
     pub candidate: u64,
@@ -116,7 +115,6 @@ pub struct ShadowTicket {
 /// A rollout as the API, the repository index and the status page show it.
 #[derive(Clone, Debug, Serialize)]
 pub struct RolloutStatus {
-    /// The model.
     pub model: String,
     /// The version serving meanwhile.
     pub serving: u64,

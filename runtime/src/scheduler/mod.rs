@@ -18,9 +18,9 @@ mod batch;
 mod ordering;
 pub mod policy;
 mod queue;
-pub mod ragged;
-pub mod rate_limiter;
-pub mod sequence;
+pub(crate) mod ragged;
+pub(crate) mod rate_limiter;
+pub(crate) mod sequence;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

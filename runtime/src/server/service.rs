@@ -109,6 +109,7 @@ pub struct Settings {
 impl Settings {
     /// Strict readiness and a 1 MiB body limit; no log, tracing, shared
     /// memory or restrictions: the settings of the front ends' unit tests.
+    #[cfg(test)]
     pub fn for_tests() -> Settings {
         Settings {
             strict_readiness: true,

@@ -437,11 +437,6 @@ impl OutputRegion {
             Error::Internal(format!("writing output '{name}' to shared memory region '{}': {e}", self.at.region))
         })
     }
-
-    /// Where the output goes, as the request named it.
-    pub fn place(&self) -> &RegionRef {
-        &self.at
-    }
 }
 
 /// One request's shared memory ([`SharedMemory::decode`]): the input

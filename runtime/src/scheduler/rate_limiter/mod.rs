@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-pub use resources::{Device, Key, Needs, ResourceCount, Scope};
+pub use resources::{Device, Needs, ResourceCount, Scope};
 
 /// `--rate-limit`: whether executions wait for the rate limiter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -208,6 +208,7 @@ impl RateLimiter {
     }
 
     /// The copies of each resource, as the instances registered now make them.
+    #[cfg(test)]
     pub fn available(&self) -> Needs {
         self.lock().available.clone()
     }

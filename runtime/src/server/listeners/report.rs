@@ -11,7 +11,6 @@ use crate::metrics::{Listener, Metrics};
 /// the metrics its slow clients are counted in.
 #[derive(Clone)]
 pub(super) struct Reporting {
-    /// The listener.
     pub listener: Listener,
     /// Where `plinth_connections_*` are counted.
     pub metrics: Arc<Metrics>,

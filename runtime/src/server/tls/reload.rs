@@ -147,7 +147,6 @@ impl ClientCertVerifier for Verifier {
 
 /// Watches the files of one listener.
 pub(super) struct Watcher {
-    /// The files.
     pub files: TlsFiles,
     /// What is in use, replaced on a good reload.
     pub current: Arc<Current>,
