@@ -187,15 +187,6 @@ impl Parameters {
         if r.problems.is_empty() { Ok(parameters) } else { Err(r.problems) }
     }
 
-    /// [`Parameters::parse`] with its problems joined, for a caller that
-    /// reports one message (the validation has reported each before).
-    ///
-    /// # Errors
-    /// The problems, separated by `; `.
-    pub fn of(config: &ModelConfig) -> Result<Parameters, String> {
-        Parameters::parse(config).map_err(|problems| problems.join("; "))
-    }
-
     /// `reason`, a load failure because files are missing, followed by the
     /// model's `missing_files_hint` when it has one.
     pub fn with_missing_files_hint(&self, reason: String) -> String {

@@ -14,9 +14,9 @@ use crate::repository::{Fingerprint, ModelDir};
 /// Loads model versions.
 pub trait Loader: Send + Sync {
     /// Loads and warms up version `version` of `dir` with `config` and its
-    /// validated `parameters`, and
-    /// returns it with the least memory it can hold, in bytes (the size of
-    /// its weight files); its footprint is the larger of that and what
+    /// validated `parameters`, and returns it with the least memory it can
+    /// hold, in bytes (the size of its weight files); its footprint is the
+    /// larger of that and what
     /// [`Model::resident_bytes`] accounts once its plugin warmed up too.
     /// Blocks: the lifecycle calls it off the async executor.
     ///
