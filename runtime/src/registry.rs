@@ -96,7 +96,6 @@ impl<M> ModelEntry<M> {
 /// One row of the repository index (`POST /v2/repository/index`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IndexEntry {
-    /// The model's name.
     pub name: String,
     /// Empty for a row about the model as a whole.
     #[serde(skip_serializing_if = "String::is_empty")]

@@ -89,7 +89,6 @@ pub enum Admission {
 /// The accounted footprint of each loaded version of a model, by version.
 pub type Versions = BTreeMap<u64, Footprint>;
 
-/// One resident model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Resident {
     /// Accounted footprint of each of its loaded versions.
@@ -133,7 +132,6 @@ impl State {
     }
 }
 
-/// The residency manager.
 pub struct Residency {
     budget: Budget,
     admission: Admission,

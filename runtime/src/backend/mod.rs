@@ -56,7 +56,6 @@ pub use crate::config::BackendKind;
 /// Where one instance of a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
-    /// The CPU.
     Cpu,
     /// The CUDA device with this index.
     Gpu(usize),

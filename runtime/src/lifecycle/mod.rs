@@ -158,7 +158,6 @@ impl Lifecycle {
         self.core.remove_temporary_mirrors();
     }
 
-    /// The control mode.
     pub fn mode(&self) -> ControlMode {
         match self.mode {
             Mode::None => ControlMode::None,

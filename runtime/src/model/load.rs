@@ -29,7 +29,6 @@ use super::{Batcher, Engine, Model, check, instances, outputs, warmup};
 pub struct ModelParts<'a> {
     /// The model's name (its folder name).
     pub name: &'a str,
-    /// The version number.
     pub version: u64,
     /// The configuration as `config.pbtxt` states it.
     pub config: &'a ModelConfig,

@@ -42,7 +42,6 @@ pub enum Store {
     Gcs { bucket: String },
     /// Azure Blob Storage.
     Azure {
-        /// The storage account.
         account: String,
         container: String,
     },

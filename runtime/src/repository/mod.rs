@@ -23,7 +23,6 @@ use crate::config::proto::{ModelVersionPolicy, model_version_policy::PolicyChoic
 pub struct ModelDir {
     /// The folder name, which is the model's name.
     pub name: String,
-    /// The model folder.
     pub path: PathBuf,
 }
 

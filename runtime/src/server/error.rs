@@ -42,7 +42,6 @@ pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
 /// An error answer: its status and message.
 #[derive(Debug)]
 pub struct ApiError {
-    /// The HTTP status.
     pub status: StatusCode,
     /// What went wrong, for the client.
     pub message: String,

@@ -44,7 +44,6 @@ const OWNER: &str = "plinth";
 /// `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
 pub struct OpenAiError {
-    /// The HTTP status.
     pub status: StatusCode,
     /// What went wrong, for the client.
     pub message: String,

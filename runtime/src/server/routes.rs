@@ -36,7 +36,6 @@ type ApiResult<T> = Result<T, ApiError>;
 /// The model (and optional version) a route names: `/v2/models/{model}` or
 /// `/v2/models/{model}/versions/{version}`.
 pub struct ModelRef {
-    /// The model's name.
     pub name: String,
     /// The version, when the route names one.
     pub version: Option<u64>,

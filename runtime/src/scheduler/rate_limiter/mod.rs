@@ -80,7 +80,6 @@ pub struct RateLimiter {
     turn: Condvar,
 }
 
-/// A registered instance.
 struct Instance {
     needs: Needs,
     /// Its priority, at least 1.

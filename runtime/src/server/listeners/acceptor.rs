@@ -57,7 +57,6 @@ connection: close\r\nretry-after: 1\r\ncontent-length: 76\r\n\r\n\
 /// A connection taken from the kernel, with its places in the listener's
 /// counts; `S` is its stream (TCP, until a TLS handshake wraps it).
 pub(super) struct Accepted<S = TcpStream> {
-    /// The connection.
     pub stream: S,
     /// Held until the connection's first read (shutdown waits for that).
     pub fresh: Hold,

@@ -35,7 +35,6 @@ use crate::server::tls::Tls;
 /// One HTTP listener's server: its routes, its limits, where it reports.
 #[derive(Clone)]
 pub(super) struct HttpServer {
-    /// The routes.
     pub app: Router,
     /// The limits its clients are held to.
     pub settings: Arc<HttpListener>,
