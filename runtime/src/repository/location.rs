@@ -41,10 +41,7 @@ pub enum Store {
     /// Google Cloud Storage.
     Gcs { bucket: String },
     /// Azure Blob Storage.
-    Azure {
-        account: String,
-        container: String,
-    },
+    Azure { account: String, container: String },
 }
 
 impl Store {
