@@ -70,10 +70,21 @@
 //! model's plugin and model. Both go through the server's scheduler like a
 //! client's request, and their failures come back as [`Error`] values.
 //!
-//! The plugin contract is `plinth:plugin@0.3.0` (`wit/v0.3/plugin.wit`); this
+//! # Generative models
+//!
+//! The plugin of a generative model (`docs/generative.md`) is its tokenizer:
+//! the host runs the decode loop natively and asks the plugin for a
+//! prompt's token ids ([`Plugin::encode`], a raw prompt or chat messages
+//! through the model's chat template), for the ids that end a generation
+//! ([`Plugin::stop_token_ids`]) and for the text of generated ids
+//! ([`Plugin::decode`]). The SDK makes the decoding incremental: the host
+//! receives only text that later tokens cannot change, never half a UTF-8
+//! character.
+//!
+//! The plugin contract is `plinth:plugin@0.4.0` (`wit/v0.4/plugin.wit`); this
 //! crate hides the binding generator so a plugin depends on this crate alone.
-//! Hosts that run 0.3 also run plugins built against 0.2 and 0.1, whose
-//! errors have only the `bad-input` and `internal` classes.
+//! Hosts that run 0.4 also run plugins built against 0.3, 0.2 and 0.1; those
+//! of 0.2 and 0.1 have only the `bad-input` and `internal` error classes.
 
 #![warn(missing_docs)]
 
@@ -84,7 +95,7 @@ extern crate self as plinth_plugin_sdk;
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.3",
+        path: "../wit/v0.4",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_plugin_world",
@@ -97,6 +108,7 @@ pub mod bindings {
 pub mod imaging;
 mod tensor;
 
+pub use bindings::exports::plinth::plugin::generation::{ChatMessage, Prompt};
 pub use bindings::plinth::plugin::types::{
     Datatype, Error, ModelInfo, Overload, Request, Response, Tensor, TensorSpec,
 };
@@ -165,6 +177,57 @@ pub trait Plugin: Sized + 'static {
         let outputs: Result<Vec<_>, Error> = outputs.iter().map(Tensor::to_json).collect();
         Ok(Response::json(&serde_json::json!({ "outputs": outputs? })))
     }
+
+    /// A generative model's prompt as token ids: a raw prompt as it is,
+    /// chat messages through the model's chat template with the assistant's
+    /// turn opened.
+    ///
+    /// # Errors
+    /// [`Error::BadInput`] for a prompt the plugin cannot tokenize (an
+    /// unknown role, say). The default refuses: the model is not generative.
+    fn encode(&mut self, _prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        Err(Error::BadInput("this model's plugin does not tokenize prompts (it is not a generative model's)".into()))
+    }
+
+    /// The text of `ids`, as the tokenizer decodes them (special tokens
+    /// left out). The SDK calls it on short windows of the generated ids
+    /// and sends the host only what later ids cannot change.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] for an id outside the vocabulary. The default
+    /// refuses: the model is not generative.
+    fn decode(&mut self, _ids: &[u32]) -> Result<String, Error> {
+        Err(Error::BadInput("this model's plugin does not decode tokens (it is not a generative model's)".into()))
+    }
+
+    /// The ids that end a generation: the end of sequence, the chat
+    /// template's end of turn. The default is none.
+    fn stop_token_ids(&self) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// One step of incremental detokenization over `decode`: the text that
+/// `window`'s ids after the first `read` add, once it is final. Decoding
+/// from the window's start rather than from the new ids alone keeps what a
+/// tokenizer does between tokens (a leading space, a merge); text that ends
+/// in U+FFFD is half a UTF-8 character, held back until its other bytes
+/// come.
+///
+/// # Errors
+/// Those of `decode`.
+pub fn detokenize(
+    window: &[u32],
+    read: usize,
+    decode: &mut dyn FnMut(&[u32]) -> Result<String, Error>,
+) -> Result<(String, usize, usize), Error> {
+    let read = read.min(window.len());
+    let before = decode(&window[..read])?;
+    let now = decode(window)?;
+    if now.len() <= before.len() || now.ends_with('\u{FFFD}') || !now.is_char_boundary(before.len()) {
+        return Ok((String::new(), 0, read));
+    }
+    Ok((now[before.len()..].to_owned(), read, window.len() - read))
 }
 
 impl Error {
@@ -287,6 +350,23 @@ macro_rules! export_plugin {
                 }
             }
 
+            impl $crate::__private::GenerationGuest for Export {
+                fn info() -> ::std::result::Result<$crate::__private::GenerationInfo, $crate::Error> {
+                    $crate::__private::generation_info()
+                }
+
+                fn encode(prompt: $crate::Prompt) -> ::std::result::Result<::std::vec::Vec<u32>, $crate::Error> {
+                    $crate::__private::encode(&prompt)
+                }
+
+                fn decode(
+                    window: ::std::vec::Vec<u32>,
+                    read: u32,
+                ) -> ::std::result::Result<$crate::__private::Detokenized, $crate::Error> {
+                    $crate::__private::decode(&window, read)
+                }
+            }
+
             // Only a component exports the contract; compiled natively (for
             // a benchmark or a test), the plugin is plain Rust.
             #[cfg(target_arch = "wasm32")]
@@ -306,14 +386,20 @@ pub mod __private {
     use std::cell::RefCell;
 
     pub use crate::bindings;
+    pub use crate::bindings::exports::plinth::plugin::generation::{
+        Detokenized, GenerationInfo, Guest as GenerationGuest,
+    };
     pub use crate::bindings::exports::plinth::plugin::handler::Guest;
-    use crate::{Error, ModelInfo, Plugin, Request, Response, Tensor};
+    use crate::{Error, ModelInfo, Plugin, Prompt, Request, Response, Tensor};
     pub use wit_bindgen;
 
-    /// The two stages of any plugin type, so one slot can hold it.
+    /// The calls of any plugin type, so one slot can hold it.
     trait Stages {
         fn preprocess(&mut self, req: &Request) -> Result<Vec<Tensor>, Error>;
         fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error>;
+        fn encode(&mut self, prompt: &Prompt) -> Result<Vec<u32>, Error>;
+        fn decode(&mut self, ids: &[u32]) -> Result<String, Error>;
+        fn stop_token_ids(&self) -> Vec<u32>;
     }
 
     impl<P: Plugin> Stages for P {
@@ -323,6 +409,18 @@ pub mod __private {
 
         fn postprocess(&mut self, req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
             Plugin::postprocess(self, req, outputs)
+        }
+
+        fn encode(&mut self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+            Plugin::encode(self, prompt)
+        }
+
+        fn decode(&mut self, ids: &[u32]) -> Result<String, Error> {
+            Plugin::decode(self, ids)
+        }
+
+        fn stop_token_ids(&self) -> Vec<u32> {
+            Plugin::stop_token_ids(self)
         }
     }
 
@@ -347,6 +445,24 @@ pub mod __private {
     /// The host's `postprocess`, on the plugin `init` made.
     pub fn postprocess(req: &Request, outputs: Vec<Tensor>) -> Result<Response, Error> {
         with_plugin(|p| p.postprocess(req, outputs))
+    }
+
+    /// The host's `generation.info`.
+    pub fn generation_info() -> Result<GenerationInfo, Error> {
+        with_plugin(|p| Ok(GenerationInfo { stop_token_ids: p.stop_token_ids() }))
+    }
+
+    /// The host's `generation.encode`.
+    pub fn encode(prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        with_plugin(|p| p.encode(prompt))
+    }
+
+    /// The host's `generation.decode`: one step of [`crate::detokenize`].
+    pub fn decode(window: &[u32], read: u32) -> Result<Detokenized, Error> {
+        with_plugin(|p| {
+            let (text, prefix, read) = crate::detokenize(window, read as usize, &mut |ids| p.decode(ids))?;
+            Ok(Detokenized { text, prefix: prefix as u32, read: read as u32 })
+        })
     }
 
     fn with_plugin<T>(call: impl FnOnce(&mut dyn Stages) -> Result<T, Error>) -> Result<T, Error> {

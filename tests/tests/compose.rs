@@ -93,12 +93,14 @@ fn cycles_and_runaway_depth_fail_that_request_only() {
 }
 
 #[test]
-fn a_plugin_built_against_wit_0_1_still_loads_and_answers() {
-    let repo = tempfile::tempdir().unwrap();
-    copy_dir(&example_repository().join("ocr_cls"), &repo.path().join("ocr_cls"));
-    std::fs::copy(root().join("tests/fixtures/plugin_v0_1/ocr_cls.wasm"), repo.path().join("ocr_cls/ocr_cls.wasm"))
-        .unwrap();
-    let server = Server::start(repo.path(), &[]);
-    let (status, body) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png"));
-    assert_eq!((status, &body["angle"]), (200, &serde_json::json!(180)), "{body}");
+fn plugins_built_against_wit_0_1_and_0_3_still_load_and_answer() {
+    for old in ["plugin_v0_1", "plugin_v0_3"] {
+        let repo = tempfile::tempdir().unwrap();
+        copy_dir(&example_repository().join("ocr_cls"), &repo.path().join("ocr_cls"));
+        let wasm = root().join(format!("tests/fixtures/{old}/ocr_cls.wasm"));
+        std::fs::copy(wasm, repo.path().join("ocr_cls/ocr_cls.wasm")).unwrap();
+        let server = Server::start(repo.path(), &[]);
+        let (status, body) = server.post_bytes("/v2/models/ocr_cls/predict", "image/png", fixture("cls_rotated.png"));
+        assert_eq!((status, &body["angle"]), (200, &serde_json::json!(180)), "{old}: {body}");
+    }
 }

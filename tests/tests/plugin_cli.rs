@@ -49,7 +49,7 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
     assert!(status.success(), "the new crate does not build");
     let wasm = target.join("wasm32-wasip2/release/doubler_io.wasm");
     let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
-    assert!(ok && text.contains("built against plinth:plugin@0.3.0; this host runs it"), "{text}");
+    assert!(ok && text.contains("built against plinth:plugin@0.4.0; this host runs it"), "{text}");
 
     let (_repo, server) = serve_doubler(&wasm);
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": [1, 2, 3, 4] }));
@@ -61,9 +61,11 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
 
 #[test]
 fn plugin_check_names_the_contract_version_or_why_it_cannot_run() {
-    let old = root().join("tests/fixtures/plugin_v0_1/ocr_cls.wasm");
-    let (ok, text) = plinth(&["plugin", "check", old.to_str().unwrap()]);
-    assert!(ok && text.contains("built against plinth:plugin@0.1.0"), "{text}");
+    for (old, version) in [("plugin_v0_1", "0.1.0"), ("plugin_v0_3", "0.3.0")] {
+        let old = root().join(format!("tests/fixtures/{old}/ocr_cls.wasm"));
+        let (ok, text) = plinth(&["plugin", "check", old.to_str().unwrap()]);
+        assert!(ok && text.contains(&format!("built against plinth:plugin@{version}")), "{text}");
+    }
     let not_wasm = root().join("tests/fixtures/page.png");
     let (ok, text) = plinth(&["plugin", "check", not_wasm.to_str().unwrap()]);
     assert!(!ok && text.contains("cannot compile"), "{text}");

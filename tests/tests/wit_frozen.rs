@@ -13,6 +13,7 @@ const FROZEN: &[(&str, &[(&str, &str)])] = &[
     ("v0.1", &[("plugin.wit", "f7afed229863fd1a10c62186b57920b2eee50f88067bc5b9859b44195d7855e7")]),
     ("v0.2", &[("plugin.wit", "4328d1af85bfe4f604c5984d8ac2e01da904bd5d310bb5d87700d7ad0d1488a6")]),
     ("v0.3", &[("plugin.wit", "130e34c1a2237852ec3f5386150b901aa03d6995b94896c2f7e13e03533f1caa")]),
+    ("v0.4", &[("plugin.wit", "bfc08973f6606b01ea34e719337e6f5c1aaf4ef2c834b40a54b0dbf675f262a6")]),
 ];
 
 /// Every file under `dir`, as (path relative to `dir`, SHA-256 in hex), sorted.

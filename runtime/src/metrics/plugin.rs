@@ -16,17 +16,25 @@ pub enum PluginStage {
     Preprocess,
     /// `postprocess`: output tensors into the answer.
     Postprocess,
+    /// `generation.encode` (and `generation.info`): a generative model's
+    /// prompt into token ids.
+    Encode,
+    /// `generation.decode`: generated token ids into text.
+    Decode,
 }
 
 impl PluginStage {
-    /// Both stages.
-    pub const ALL: [PluginStage; 2] = [PluginStage::Preprocess, PluginStage::Postprocess];
+    /// Every stage.
+    pub const ALL: [PluginStage; 4] =
+        [PluginStage::Preprocess, PluginStage::Postprocess, PluginStage::Encode, PluginStage::Decode];
 
     /// The `stage` label (and the export's name).
     pub fn label(self) -> &'static str {
         match self {
             PluginStage::Preprocess => "preprocess",
             PluginStage::Postprocess => "postprocess",
+            PluginStage::Encode => "encode",
+            PluginStage::Decode => "decode",
         }
     }
 }

@@ -1,6 +1,5 @@
-//! The released plugin contracts (`wit/v0.1`, `wit/v0.2`, `wit/v0.3`, each
-//! frozen) and the dispatch of calls to the bindings of a component's
-//! version.
+//! The released plugin contracts (`wit/v0.1` to `wit/v0.4`, each frozen)
+//! and the dispatch of calls to the bindings of a component's version.
 //!
 //! Every version converts between the host's own types (tensors, raw
 //! requests and answers, [`Error`]) and its bindings' types, with the
@@ -9,7 +8,8 @@
 //! types (`with`), as 0.1 does 0.2's. Errors are where the versions differ:
 //! 0.3.0 carries every class a client acts on (bad input, not found,
 //! unavailable, overloaded with a retry hint, internal), 0.2.0 and 0.1.0
-//! only bad input and internal.
+//! only bad input and internal. 0.4.0 keeps 0.3.0's types and adds the
+//! `generation` export, a generative model's tokenizer.
 
 use wasmtime::component::{Component, InstancePre};
 use wasmtime::{Engine, Store};
@@ -21,6 +21,16 @@ use crate::tensor::Tensor;
 
 /// Bindings generated from each frozen contract.
 mod bindings {
+    pub mod v0_4 {
+        // The types are unchanged since 0.3: 0.4 uses 0.3's.
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.4",
+            world: "plugin",
+            imports: { default: async },
+            exports: { default: async },
+            with: { "plinth:plugin/types@0.4.0": super::v0_3::plinth::plugin::types },
+        });
+    }
     pub mod v0_3 {
         wasmtime::component::bindgen!({
             path: "../wit/v0.3",
@@ -52,7 +62,7 @@ mod bindings {
     use super::wit_conversions;
 }
 
-use bindings::{v0_2, v0_3};
+use bindings::{v0_2, v0_3, v0_4};
 
 /// A released `plinth:plugin` contract version, oldest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,11 +74,15 @@ pub enum ContractVersion {
     /// `plinth:plugin@0.3.0`: 0.2 with an `error` that keeps the class of a
     /// failure (not found, unavailable, overloaded with a retry hint).
     V0_3,
+    /// `plinth:plugin@0.4.0`: 0.3 and the `generation` export (a generative
+    /// model's tokenizer).
+    V0_4,
 }
 
 impl ContractVersion {
     /// Every version this host runs, oldest first.
-    pub const ALL: [ContractVersion; 3] = [ContractVersion::V0_1, ContractVersion::V0_2, ContractVersion::V0_3];
+    pub const ALL: [ContractVersion; 4] =
+        [ContractVersion::V0_1, ContractVersion::V0_2, ContractVersion::V0_3, ContractVersion::V0_4];
 
     /// The version as the WIT package names it (`0.3.0`).
     pub fn as_str(self) -> &'static str {
@@ -76,6 +90,7 @@ impl ContractVersion {
             ContractVersion::V0_1 => "0.1.0",
             ContractVersion::V0_2 => "0.2.0",
             ContractVersion::V0_3 => "0.3.0",
+            ContractVersion::V0_4 => "0.4.0",
         }
     }
 
@@ -96,19 +111,41 @@ impl std::fmt::Display for ContractVersion {
     }
 }
 
-/// Adds the imports of every version to `linker`: the `inference` of 0.2
-/// and of 0.3 (0.1 imports nothing of Plinth's).
+/// Adds the imports of every version to `linker`: the `inference` of 0.2,
+/// 0.3 and 0.4 (0.1 imports nothing of Plinth's).
 ///
 /// # Errors
 /// wasmtime's message when an interface cannot be linked.
 pub(super) fn add_to_linker(linker: &mut wasmtime::component::Linker<InstanceState>) -> wasmtime::Result<()> {
     use wasmtime::component::HasSelf;
+    v0_4::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)?;
     v0_3::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)?;
     v0_2::Plugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
 }
 
 impl v0_3::plinth::plugin::types::Host for InstanceState {}
 impl v0_2::plinth::plugin::types::Host for InstanceState {}
+
+impl v0_4::plinth::plugin::inference::Host for InstanceState {
+    async fn infer(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        inputs: Vec<v0_3::plinth::plugin::types::Tensor>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<v0_3::plinth::plugin::types::Tensor>, v0_3::plinth::plugin::types::Error> {
+        v0_3::plinth::plugin::inference::Host::infer(self, model, version, inputs, outputs).await
+    }
+
+    async fn predict(
+        &mut self,
+        model: String,
+        version: Option<u64>,
+        req: v0_3::plinth::plugin::types::Request,
+    ) -> Result<v0_3::plinth::plugin::types::Response, v0_3::plinth::plugin::types::Error> {
+        v0_3::plinth::plugin::inference::Host::predict(self, model, version, req).await
+    }
+}
 
 impl v0_3::plinth::plugin::inference::Host for InstanceState {
     async fn infer(
@@ -211,6 +248,7 @@ pub(super) enum Pre<T: Send + 'static> {
     V0_1(bindings::v0_1::PluginPre<T>),
     V0_2(v0_2::PluginPre<T>),
     V0_3(v0_3::PluginPre<T>),
+    V0_4(v0_4::PluginPre<T>),
 }
 
 impl<T: Send + 'static> Pre<T> {
@@ -224,6 +262,7 @@ impl<T: Send + 'static> Pre<T> {
             ContractVersion::V0_1 => Pre::V0_1(bindings::v0_1::PluginPre::new(instance_pre)?),
             ContractVersion::V0_2 => Pre::V0_2(v0_2::PluginPre::new(instance_pre)?),
             ContractVersion::V0_3 => Pre::V0_3(v0_3::PluginPre::new(instance_pre)?),
+            ContractVersion::V0_4 => Pre::V0_4(v0_4::PluginPre::new(instance_pre)?),
         })
     }
 
@@ -236,6 +275,7 @@ impl<T: Send + 'static> Pre<T> {
             Pre::V0_1(pre) => Exports::V0_1(pre.instantiate_async(store).await?),
             Pre::V0_2(pre) => Exports::V0_2(pre.instantiate_async(store).await?),
             Pre::V0_3(pre) => Exports::V0_3(pre.instantiate_async(store).await?),
+            Pre::V0_4(pre) => Exports::V0_4(pre.instantiate_async(store).await?),
         })
     }
 }
@@ -247,6 +287,7 @@ pub(super) enum Exports {
     V0_1(bindings::v0_1::Plugin),
     V0_2(v0_2::Plugin),
     V0_3(v0_3::Plugin),
+    V0_4(v0_4::Plugin),
 }
 
 /// Runs `$call` on the handler of whichever version `$exports` is, with
@@ -268,6 +309,12 @@ macro_rules! dispatch {
                 $call
             }
             Exports::V0_3(b) => {
+                let $handler = b.plinth_plugin_handler();
+                use v0_3::convert as $convert;
+                let $error = error_from_v0_3;
+                $call
+            }
+            Exports::V0_4(b) => {
                 let $handler = b.plinth_plugin_handler();
                 use v0_3::convert as $convert;
                 let $error = error_from_v0_3;
@@ -316,6 +363,109 @@ impl Exports {
     }
 }
 
+/// A chat message of a generative model's prompt.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`.
+    pub role: String,
+    /// The message's text.
+    pub content: String,
+}
+
+/// What a client asks a generative model to continue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// A raw prompt, tokenized as it is.
+    Text(String),
+    /// Chat messages, through the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+/// One step of incremental detokenization (`generation.decode`): final
+/// text, and where the next window starts and how much of it is text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Detokenized {
+    /// Text later ids cannot change.
+    pub text: String,
+    /// How many ids of the window the next one starts after.
+    pub prefix: usize,
+    /// How many ids of the next window are already text.
+    pub read: usize,
+}
+
+impl Exports {
+    /// The 0.4 `generation` export, or why this plugin has none.
+    fn generation(&self) -> Result<&v0_4::exports::plinth::plugin::generation::Guest, Error> {
+        match self {
+            Exports::V0_4(b) => Ok(b.plinth_plugin_generation()),
+            other => Err(Error::InvalidArgument(format!(
+                "the plugin is built against plinth:plugin@{}, which has no text generation (0.4.0 adds it)",
+                other.version()
+            ))),
+        }
+    }
+
+    fn version(&self) -> ContractVersion {
+        match self {
+            Exports::V0_1(_) => ContractVersion::V0_1,
+            Exports::V0_2(_) => ContractVersion::V0_2,
+            Exports::V0_3(_) => ContractVersion::V0_3,
+            Exports::V0_4(_) => ContractVersion::V0_4,
+        }
+    }
+
+    /// `generation.info`: the stop token ids.
+    pub(super) async fn stop_token_ids<T: Send>(
+        &self,
+        store: &mut Store<T>,
+    ) -> wasmtime::Result<Result<Vec<u32>, Error>> {
+        let generation = match self.generation() {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
+        };
+        let info = generation.call_info(store).await?;
+        Ok(info.map(|i| i.stop_token_ids).map_err(error_from_v0_3))
+    }
+
+    /// `generation.encode`: a prompt's token ids.
+    pub(super) async fn encode<T: Send>(
+        &self,
+        store: &mut Store<T>,
+        prompt: &Prompt,
+    ) -> wasmtime::Result<Result<Vec<u32>, Error>> {
+        use v0_4::exports::plinth::plugin::generation::{ChatMessage as W, Prompt as P};
+        let generation = match self.generation() {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
+        };
+        let prompt = match prompt {
+            Prompt::Text(text) => P::Text(text.clone()),
+            Prompt::Chat(messages) => {
+                P::Chat(messages.iter().map(|m| W { role: m.role.clone(), content: m.content.clone() }).collect())
+            }
+        };
+        Ok(generation.call_encode(store, &prompt).await?.map_err(error_from_v0_3))
+    }
+
+    /// `generation.decode`: the final text of a window of generated ids.
+    pub(super) async fn decode<T: Send>(
+        &self,
+        store: &mut Store<T>,
+        window: &[u32],
+        read: usize,
+    ) -> wasmtime::Result<Result<Detokenized, Error>> {
+        let generation = match self.generation() {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
+        };
+        let read = u32::try_from(read).unwrap_or(u32::MAX);
+        let out = generation.call_decode(store, window, read).await?;
+        Ok(out
+            .map(|d| Detokenized { text: d.text, prefix: d.prefix as usize, read: d.read as usize })
+            .map_err(error_from_v0_3))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ContractVersion;
@@ -323,8 +473,9 @@ mod tests {
     #[test]
     fn versions_are_ordered_and_named_as_the_wit_packages() {
         assert!(ContractVersion::V0_1 < ContractVersion::V0_2 && ContractVersion::V0_2 < ContractVersion::V0_3);
+        assert!(ContractVersion::V0_3 < ContractVersion::V0_4);
         let names: Vec<String> = ContractVersion::ALL.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["0.1.0", "0.2.0", "0.3.0"]);
+        assert_eq!(names, ["0.1.0", "0.2.0", "0.3.0", "0.4.0"]);
         for v in ContractVersion::ALL {
             let folder = format!("{}/../wit/v{}", env!("CARGO_MANIFEST_DIR"), v.as_str().trim_end_matches(".0"));
             let wit = std::fs::read_to_string(format!("{folder}/plugin.wit")).unwrap();

@@ -207,7 +207,7 @@ fn wait<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-/// The versions this host runs, for messages: "0.1.0, 0.2.0, 0.3.0".
+/// The versions this host runs, for messages: "0.1.0, 0.2.0, 0.3.0, 0.4.0".
 pub fn runs() -> String {
     ContractVersion::ALL.map(ContractVersion::as_str).join(", ")
 }

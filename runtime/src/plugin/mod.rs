@@ -2,9 +2,10 @@
 //! wasmtime). Every released contract version stays supported
 //! ([`ContractVersion`]): a component exporting
 //! `plinth:plugin/handler@0.1.0` gets the 0.1 bindings, one exporting
-//! `@0.2.0` or `@0.3.0` those bindings with the `inference` import, through
-//! which it runs other models ([`compose`], over a [`ModelRunner`] the
-//! caller passes with each call). The version is read from the component's export
+//! `@0.2.0`, `@0.3.0` or `@0.4.0` those bindings with the `inference`
+//! import, through which it runs other models ([`compose`], over a
+//! [`ModelRunner`] the caller passes with each call); 0.4 adds the
+//! `generation` export, a generative model's tokenizer. The version is read from the component's export
 //! names, which the SDK's generated bindings fix at build time.
 //!
 //! Each plugin is compiled once (the compiled artefact is cached on disk),
@@ -48,7 +49,7 @@ use crate::metrics::{PluginMetrics, PluginStage};
 use crate::tensor::Tensor;
 use compose::Composition;
 pub use compose::{CallContext, ModelRunner};
-pub use contract::ContractVersion;
+pub use contract::{ChatMessage, ContractVersion, Detokenized, Prompt};
 use contract::{Exports, Pre};
 pub use host::{PluginHost, runs};
 use memory::CountingLimits;
@@ -237,7 +238,7 @@ impl Plugin {
         req: Arc<RawRequest>,
         context: CallContext,
     ) -> Result<Vec<Tensor>, PluginError> {
-        self.call(PluginStage::Preprocess, context, move |mut inst| async move {
+        self.call(PluginStage::Preprocess, Some(context), move |mut inst| async move {
             let result = inst.exports.preprocess(&mut inst.store, &req).await;
             (inst, result)
         })
@@ -255,8 +256,48 @@ impl Plugin {
         outputs: Vec<Tensor>,
         context: CallContext,
     ) -> Result<RawResponse, PluginError> {
-        self.call(PluginStage::Postprocess, context, move |mut inst| async move {
+        self.call(PluginStage::Postprocess, Some(context), move |mut inst| async move {
             let result = inst.exports.postprocess(&mut inst.store, &req, outputs).await;
+            (inst, result)
+        })
+        .await
+    }
+
+    /// A generative model's prompt as token ids (`generation.encode`).
+    ///
+    /// # Errors
+    /// [`PluginError::Refused`] with the plugin's reason (a prompt it
+    /// cannot tokenize, a plugin without text generation);
+    /// [`PluginError::Failed`] when it traps or fails.
+    pub async fn encode(self: &Arc<Self>, prompt: Prompt) -> Result<Vec<u32>, PluginError> {
+        self.call(PluginStage::Encode, None, move |mut inst| async move {
+            let result = inst.exports.encode(&mut inst.store, &prompt).await;
+            (inst, result)
+        })
+        .await
+    }
+
+    /// The final text of a window of generated ids (`generation.decode`):
+    /// `window` starts where the previous step's `prefix` pointed, and its
+    /// first `read` ids are already text.
+    ///
+    /// # Errors
+    /// As [`Plugin::encode`].
+    pub async fn decode(self: &Arc<Self>, window: Vec<u32>, read: usize) -> Result<Detokenized, PluginError> {
+        self.call(PluginStage::Decode, None, move |mut inst| async move {
+            let result = inst.exports.decode(&mut inst.store, &window, read).await;
+            (inst, result)
+        })
+        .await
+    }
+
+    /// The token ids that end a generation (`generation.info`).
+    ///
+    /// # Errors
+    /// As [`Plugin::encode`].
+    pub async fn stop_token_ids(self: &Arc<Self>) -> Result<Vec<u32>, PluginError> {
+        self.call(PluginStage::Encode, None, move |mut inst| async move {
+            let result = inst.exports.stop_token_ids(&mut inst.store).await;
             (inst, result)
         })
         .await
@@ -280,7 +321,7 @@ impl Plugin {
     async fn call<T, F, Fut>(
         self: &Arc<Self>,
         stage: PluginStage,
-        context: CallContext,
+        context: Option<CallContext>,
         call: F,
     ) -> Result<T, PluginError>
     where
@@ -295,7 +336,7 @@ impl Plugin {
                 Some(slots) => Some(slots.acquire().await.map_err(closed)?),
                 None => None,
             };
-            let nested = context.chain.len() > 1;
+            let nested = context.as_ref().is_some_and(|c| c.chain.len() > 1);
             let _permit = if nested { None } else { Some(self.permits.acquire().await.map_err(closed)?) };
             if self.timing.runs_inline(stage) {
                 return self.run(stage, context, call).await;
@@ -313,7 +354,7 @@ impl Plugin {
     /// Runs `call` on an instance taken from the pool (or a new one) with
     /// `context` for its composed calls, and remembers how long it took.
     /// The instance goes back to the pool unless it trapped.
-    async fn run<T, F, Fut>(&self, stage: PluginStage, context: CallContext, call: F) -> Result<T, PluginError>
+    async fn run<T, F, Fut>(&self, stage: PluginStage, context: Option<CallContext>, call: F) -> Result<T, PluginError>
     where
         F: FnOnce(Instance) -> Fut,
         Fut: std::future::Future<Output = (Instance, wasmtime::Result<Result<T, Error>>)>,
@@ -326,7 +367,7 @@ impl Plugin {
             None => self.start_instance().await?,
         };
         let composition = &mut inst.store.data_mut().composition;
-        (composition.context, composition.host_time) = (Some(context), Duration::ZERO);
+        (composition.context, composition.host_time) = (context, Duration::ZERO);
         let stderr_before = inst.stderr.contents().len();
         self.start_clock(&mut inst.store);
         let (mut inst, result) = call(inst).await;

@@ -281,3 +281,66 @@ fn a_slow_call_on_the_runtime_s_thread_lets_other_tasks_run() {
         );
     });
 }
+
+/// The exported SmolLM2 (`make setup-models`): its ONNX Runtime GenAI
+/// folder and transformers' reference continuations.
+fn smollm2() -> (PathBuf, serde_json::Value) {
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/smollm2");
+    let reference = std::fs::read(cache.join("reference.json"))
+        .unwrap_or_else(|e| panic!("{}/reference.json: {e}: run `make setup-models` first", cache.display()));
+    (cache.join("fp32"), serde_json::from_slice(&reference).unwrap())
+}
+
+/// The generic text-generation plugin over `model_dir`.
+fn text_generation(model_dir: &Path) -> Arc<Plugin> {
+    let wasm =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/wasm32-wasip2/release/text_generation.wasm");
+    let limits = PluginLimits::default();
+    let host = PluginHost::new(limits, None).unwrap();
+    let info = ModelInfo {
+        name: "smollm2".into(),
+        version: 1,
+        signature: Signature { max_batch_size: 0, inputs: Vec::new(), outputs: Vec::new() },
+        parameters: Vec::new(),
+        metadata: Vec::new(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    Arc::new(host.load(&wasm, model_dir, info, limits, metrics.for_plugin("smollm2", 1)).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_generation_plugin_tokenizes_and_detokenizes_as_transformers_does() {
+    use super::{ChatMessage, Prompt};
+    let (model_dir, reference) = smollm2();
+    let plugin = text_generation(&model_dir);
+    assert_eq!(plugin.stop_token_ids().await.unwrap(), [2], "<|im_end|>, the GGUF's end of sequence");
+    for case in reference["cases"].as_array().unwrap() {
+        let prompt = match case["kind"].as_str().unwrap() {
+            "chat" => Prompt::Chat(serde_json::from_value::<Vec<ChatMessage>>(case["prompt"].clone()).unwrap()),
+            _ => Prompt::Text(case["prompt"].as_str().unwrap().to_owned()),
+        };
+        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        assert_eq!(plugin.encode(prompt.clone()).await.unwrap(), ids, "{prompt:?}");
+        // The generated ids one at a time, as the decode loop sends them.
+        let generated: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let (mut text, mut start, mut read) = (String::new(), 0, 0);
+        for end in 1..=generated.len() {
+            let step = plugin.decode(generated[start..end].to_vec(), read).await.unwrap();
+            text.push_str(&step.text);
+            (start, read) = (start + step.prefix, step.read);
+        }
+        let rest = plugin.decode(generated[start..].to_vec(), read).await.unwrap();
+        assert_eq!(rest.text, "", "everything was sent as it came");
+        assert_eq!(text, case["text"].as_str().unwrap(), "{prompt:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_does_not_generate_refuses_to_tokenize() {
+    let f = load(PluginLimits::default());
+    let refused = f.plugin.encode(super::Prompt::Text("hello".into())).await;
+    assert!(
+        matches!(&refused, Err(PluginError::Refused(Error::InvalidArgument(m))) if m.contains("does not tokenize")),
+        "{refused:?}"
+    );
+}

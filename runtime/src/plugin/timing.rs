@@ -20,7 +20,7 @@ pub const INLINE_CALL: Duration = Duration::from_micros(100);
 pub(super) struct CallTiming {
     /// Exponential moving averages (weight 1/8), in microseconds; 0 before
     /// the first call.
-    means_us: [AtomicU64; 2],
+    means_us: [AtomicU64; PluginStage::ALL.len()],
     composes: AtomicBool,
 }
 
