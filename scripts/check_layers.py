@@ -42,6 +42,7 @@ LAYERS = [
     ["backend"],
     ["scheduler"],
     ["plugin"],
+    ["generate"],
     ["model"],
     ["registry", "residency", "rollout"],
     ["lifecycle"],

@@ -17,6 +17,7 @@ pub(crate) mod drain;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub(crate) mod generate;
 pub(crate) mod gpu;
 pub(crate) mod lifecycle;
 pub mod metrics;

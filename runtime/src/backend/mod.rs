@@ -224,8 +224,8 @@ impl<'a> LoadContext<'a> {
 /// Every framework this build serves, with the runtime each needs.
 pub struct Frameworks {
     list: Vec<Box<dyn Framework>>,
-    /// Whether ONNX Runtime is loaded.
-    has_onnx: bool,
+    /// ONNX Runtime, or why it is not loaded.
+    onnx: Result<Arc<onnx::OnnxRuntime>, String>,
 }
 
 impl Frameworks {
@@ -237,7 +237,7 @@ impl Frameworks {
     /// A message when the given ONNX Runtime library cannot be loaded.
     pub fn start(onnx_library: Option<&Path>) -> Result<Frameworks, String> {
         let onnx = onnx::Onnx::start(onnx_library)?;
-        let has_onnx = onnx.is_loaded();
+        let runtime = onnx.runtime().cloned();
         let list: Vec<Box<dyn Framework>> = vec![
             Box::new(onnx),
             #[cfg(feature = "libtorch")]
@@ -251,7 +251,7 @@ impl Frameworks {
             Box::new(remote::Remote),
             Box::new(identity::Identity),
         ];
-        Ok(Frameworks { list, has_onnx })
+        Ok(Frameworks { list, onnx: runtime })
     }
 
     /// The framework of `kind`.
@@ -261,7 +261,15 @@ impl Frameworks {
 
     /// Whether ONNX Runtime is loaded (ONNX models can load).
     pub fn has_onnx(&self) -> bool {
-        self.has_onnx
+        self.onnx.is_ok()
+    }
+
+    /// ONNX Runtime, for what runs sessions itself (a generative model).
+    ///
+    /// # Errors
+    /// Says how to give the library when it is not loaded.
+    pub fn onnx(&self) -> Result<&Arc<onnx::OnnxRuntime>, String> {
+        self.onnx.as_ref().map_err(Clone::clone)
     }
 }
 

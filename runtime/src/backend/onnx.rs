@@ -39,7 +39,7 @@ const GPU_HINT: &str = "`make setup-gpu` installs onnxruntime-gpu==1.31.1 and it
 /// ONNX Runtime as a framework: `None` when no library was given (ONNX
 /// models then fail to load, saying how to give it).
 pub struct Onnx {
-    runtime: Option<OnnxRuntime>,
+    runtime: Option<Arc<OnnxRuntime>>,
 }
 
 impl Onnx {
@@ -49,7 +49,7 @@ impl Onnx {
     /// As [`OnnxRuntime::init`].
     pub fn start(library: Option<&Path>) -> Result<Onnx, String> {
         let runtime = match library {
-            Some(path) => Some(OnnxRuntime::init(path)?),
+            Some(path) => Some(Arc::new(OnnxRuntime::init(path)?)),
             None => {
                 tracing::warn!("no ORT_DYLIB_PATH: ONNX models will not load");
                 None
@@ -58,12 +58,11 @@ impl Onnx {
         Ok(Onnx { runtime })
     }
 
-    /// Whether the library is loaded.
-    pub fn is_loaded(&self) -> bool {
-        self.runtime.is_some()
-    }
-
-    fn runtime(&self) -> Result<&OnnxRuntime, String> {
+    /// The loaded library.
+    ///
+    /// # Errors
+    /// Says how to give it when no library was given.
+    pub fn runtime(&self) -> Result<&Arc<OnnxRuntime>, String> {
         self.runtime.as_ref().ok_or_else(|| format!("ONNX Runtime is not loaded: {HINT}"))
     }
 }
@@ -134,7 +133,7 @@ fn not_onnx(name: &str, version_dir: &Path, config: &ModelConfig, path: &Path) -
 /// threads from sleep, which doubled ocr_rec's run on two cores (43 ms
 /// against 86 ms); "0" leaves the cores to HTTP, plugins and other models
 /// between runs.
-fn session_options(config: &ModelConfig, keys: OnnxParameters, instances: usize) -> SessionOptions {
+pub(crate) fn session_options(config: &ModelConfig, keys: OnnxParameters, instances: usize) -> SessionOptions {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     SessionOptions {
         intra_op_threads: keys.intra_op_threads.unwrap_or((cores / instances).max(1)),
@@ -179,6 +178,9 @@ fn optimization_level(level: i32) -> GraphOptimizationLevel {
 }
 
 impl OnnxRuntime {
+    /// The backend its sessions are, for what runs them itself.
+    pub const KIND: BackendKind = BackendKind::OnnxRuntime;
+
     /// Loads the ONNX Runtime shared library at `path` (`ORT_DYLIB_PATH`).
     ///
     /// # Errors
@@ -227,6 +229,30 @@ impl OnnxRuntime {
     /// for a GPU placement, [`OnnxRuntime::cuda`]'s reason or the CUDA
     /// execution provider's own (no such device, out of memory).
     pub fn load(&self, path: &Path, options: SessionOptions, placement: Placement) -> Result<OnnxModel, String> {
+        let session = self.session(path, options, placement)?;
+        let io = |outlets: &[ort::value::Outlet]| outlets.iter().map(|o| model_io(o.name(), o.dtype())).collect();
+        let inputs = io(session.inputs());
+        let outputs = io(session.outputs());
+        let metadata = read_metadata(&session)?;
+        let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        let io_binding = matches!(placement, Placement::Gpu(_));
+        let description = Description {
+            kind: BackendKind::OnnxRuntime,
+            platform: BackendKind::OnnxRuntime.platform().unwrap_or_default().into(),
+            inputs,
+            outputs,
+            metadata,
+            remote: false,
+        };
+        Ok(OnnxModel { session: Mutex::new(session), description, file_bytes, io_binding })
+    }
+
+    /// The ONNX Runtime session of [`OnnxRuntime::load`], for what runs it
+    /// itself (a generative model's decode loop).
+    ///
+    /// # Errors
+    /// As [`OnnxRuntime::load`].
+    pub fn session(&self, path: &Path, options: SessionOptions, placement: Placement) -> Result<Session, String> {
         if !path.is_file() {
             return Err(format!("model file {} does not exist", path.display()));
         }
@@ -244,7 +270,7 @@ impl OnnxRuntime {
                 .with_execution_providers([cuda])
                 .map_err(|e| format!("ONNX Runtime's CUDA execution provider cannot start on GPU {device}: {e}"))?;
         }
-        let session = builder
+        builder
             .with_optimization_level(optimization_level(options.graph_level))
             .map_err(fail)?
             .with_intra_threads(options.intra_op_threads)
@@ -254,22 +280,7 @@ impl OnnxRuntime {
             .with_intra_op_spinning(options.intra_op_spinning)
             .map_err(fail)?
             .commit_from_file(path)
-            .map_err(|e| format!("ONNX Runtime cannot load {}: {e}", path.display()))?;
-        let io = |outlets: &[ort::value::Outlet]| outlets.iter().map(|o| model_io(o.name(), o.dtype())).collect();
-        let inputs = io(session.inputs());
-        let outputs = io(session.outputs());
-        let metadata = read_metadata(&session)?;
-        let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-        let io_binding = matches!(placement, Placement::Gpu(_));
-        let description = Description {
-            kind: BackendKind::OnnxRuntime,
-            platform: BackendKind::OnnxRuntime.platform().unwrap_or_default().into(),
-            inputs,
-            outputs,
-            metadata,
-            remote: false,
-        };
-        Ok(OnnxModel { session: Mutex::new(session), description, file_bytes, io_binding })
+            .map_err(|e| format!("ONNX Runtime cannot load {}: {e}", path.display()))
     }
 }
 
@@ -579,4 +590,4 @@ fn from_ort(name: &str, value: DynValue) -> Result<Tensor, String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

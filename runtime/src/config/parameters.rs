@@ -35,12 +35,17 @@ pub const KEYS: &[&str] = &[
     "remote.retries",
     "remote.repository_control",
     "execute_delay_ms",
+    "generation.context_length",
+    "generation.max_sequences",
+    "generation.max_queue",
+    "generation.prefill_chunk",
+    "generation.max_tokens",
     MISSING_FILES_HINT,
 ];
 
 /// The prefixes whose keys are all Plinth's: a key under one that is not in
 /// [`KEYS`] is a misspelling, refused rather than passed to the plugin.
-pub const FAMILIES: &[&str] = &["plugin.", "remote."];
+pub const FAMILIES: &[&str] = &["plugin.", "remote.", "generation."];
 
 /// The key whose text is added to a load error when files are missing.
 pub const MISSING_FILES_HINT: &str = "missing_files_hint";
@@ -80,6 +85,41 @@ pub struct Parameters {
     pub execute_delay: Duration,
     /// `missing_files_hint`: a sentence saying how to place missing files.
     pub missing_files_hint: Option<String>,
+    /// The `generation.*` keys of a generative model.
+    pub generation: GenerationParameters,
+}
+
+/// A generative model's limits (`generation.*`), each with its default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenerationParameters {
+    /// `generation.context_length`: tokens a sequence holds at most, prompt
+    /// and output together (default 2048, at most the model's own).
+    pub context_length: usize,
+    /// `generation.max_sequences`: sequences generating at once, each with
+    /// a KV cache slot of `context_length` tokens (default 8).
+    pub max_sequences: usize,
+    /// `generation.max_queue`: requests waiting for a slot at most; past
+    /// it a request is refused as overloaded (default 64).
+    pub max_queue: usize,
+    /// `generation.prefill_chunk`: prompt tokens one iteration reads for a
+    /// new sequence (default 256); running streams wait at most one
+    /// chunk's prefill per token.
+    pub prefill_chunk: usize,
+    /// `generation.max_tokens`: the `max_tokens` of a request that gives
+    /// none (default 16, vLLM's and OpenAI's completions').
+    pub max_tokens: usize,
+}
+
+impl Default for GenerationParameters {
+    fn default() -> Self {
+        GenerationParameters {
+            context_length: 2048,
+            max_sequences: 8,
+            max_queue: 64,
+            prefill_chunk: 256,
+            max_tokens: 16,
+        }
+    }
 }
 
 /// A model's plugin and the limits and warm-up it sets for it.
@@ -183,6 +223,7 @@ impl Parameters {
             remote: r.remote(),
             execute_delay: Duration::from_millis(r.number("execute_delay_ms").unwrap_or(0)),
             missing_files_hint: r.text(MISSING_FILES_HINT).filter(|h| !h.is_empty()).map(str::to_owned),
+            generation: r.generation(),
         };
         if r.problems.is_empty() { Ok(parameters) } else { Err(r.problems) }
     }
@@ -318,6 +359,18 @@ impl<'a> Reader<'a> {
             return Vec::new();
         }
         files
+    }
+
+    fn generation(&mut self) -> GenerationParameters {
+        let d = GenerationParameters::default();
+        let mut get = |key: &str, max: u64, default: usize| self.bounded(key, max).map_or(default, to_usize);
+        GenerationParameters {
+            context_length: get("generation.context_length", 1 << 20, d.context_length),
+            max_sequences: get("generation.max_sequences", 256, d.max_sequences),
+            max_queue: get("generation.max_queue", 1 << 16, d.max_queue),
+            prefill_chunk: get("generation.prefill_chunk", 1 << 20, d.prefill_chunk),
+            max_tokens: get("generation.max_tokens", 1 << 20, d.max_tokens),
+        }
     }
 
     fn rollout(&mut self) -> Option<String> {

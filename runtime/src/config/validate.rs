@@ -18,6 +18,7 @@ use super::proto::{self, ModelConfig, ModelDynamicBatching};
 pub use super::backends::ENSEMBLE_PLATFORM;
 
 mod ensemble;
+mod generative;
 
 /// Backends of Triton's that Plinth does not ship, by name or platform.
 const NOT_SHIPPED: [&str; 11] = [
@@ -113,6 +114,7 @@ pub fn validate(config: &ModelConfig) -> Result<super::Parameters, Vec<String>> 
     instance_groups(config, &mut p);
     optimization(config.optimization.as_ref(), &mut p);
     unsupported(config, &mut p);
+    generative::check(config, &mut p);
     let parameters = super::Parameters::parse(config).map_err(|problems| p.0.extend(problems));
     match parameters {
         Ok(parameters) if p.0.is_empty() => Ok(parameters),
@@ -529,12 +531,6 @@ fn unsupported(config: &ModelConfig, p: &mut Problems) {
         "Plinth has no repository agents",
     );
     p.refuse(config.model_metrics.is_some(), "", "model_metrics", "Plinth's metric families are fixed");
-    p.refuse(
-        config.model_transaction_policy.as_ref().is_some_and(|t| t.decoupled),
-        "",
-        "model_transaction_policy.decoupled",
-        "Plinth answers each request exactly once",
-    );
 }
 
 #[cfg(test)]

@@ -72,6 +72,9 @@ impl Model {
         options: RequestOptions,
         runner: &Arc<dyn ModelRunner>,
     ) -> Result<(Vec<Tensor>, Timing), Error> {
+        if matches!(&*self.engine, Engine::Generative(_)) {
+            return Err(self.not_tensors());
+        }
         check_inputs(&self.signature, &self.name, &inputs)?;
         outputs::check(&self.signature, &self.name, requested)?;
         // A sequence's answers depend on its state: never cached.
@@ -136,6 +139,7 @@ impl Model {
                 }
                 (reshape::outputs(&self.signature, outputs).map_err(|m| self.wrong_answer(m))?, timing)
             }
+            Engine::Generative(_) => return Err(self.not_tensors()),
             Engine::Ensemble(ensemble) => {
                 let wanted: Vec<&str> = if requested.is_empty() {
                     self.signature.outputs.iter().map(|o| o.name.as_str()).collect()
@@ -158,6 +162,16 @@ impl Model {
         outputs.retain(|t| self.signature.outputs.iter().any(|o| o.name == t.name));
         let batching = self.signature.max_batch_size > 0;
         Ok((outputs::select(outputs, requested, &self.labels, batching), timing))
+    }
+
+    /// Why a generative model does not run tensor requests, and where to
+    /// send them.
+    fn not_tensors(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "model '{}' is generative (decoupled): send its requests to generate, generate_stream, \
+             /v1/completions or /v1/chat/completions",
+            self.name
+        ))
     }
 
     /// An answer of the backend (or of an ensemble's steps) that does not

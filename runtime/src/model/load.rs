@@ -92,6 +92,9 @@ impl Model {
             model.cache = response_cache(config, rt)?;
             return Ok(model);
         }
+        if config.model_transaction_policy.as_ref().is_some_and(|t| t.decoupled) {
+            return Model::load_generative(dir, version, config, parameters, rt);
+        }
         let cache = response_cache(config, rt)?;
         let scheduling = Scheduling::from_config(config, &dir.path)?;
         let version_dir = dir.version_path(version);
@@ -116,19 +119,8 @@ impl Model {
         let plugin = match &parameters.plugin {
             None => None,
             Some(own) => {
-                let info = ModelInfo {
-                    name: dir.name.clone(),
-                    version,
-                    signature: signature.clone(),
-                    parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
-                    metadata: backend.description().metadata.clone(),
-                };
-                let limits = rt.plugins.limits().for_model(own);
-                let metrics = rt.metrics.for_plugin(&dir.name, version);
-                let plugin = load_plugin(&rt.plugins, dir, &own.file, &version_dir, info, limits, metrics);
-                let missing = !dir.path.join(&own.file).exists();
-                let plugin = plugin.map_err(|e| if missing { parameters.with_missing_files_hint(e) } else { e });
-                Some(Arc::new(plugin?))
+                let metadata = backend.description().metadata.clone();
+                Some(model_plugin(dir, version, config, parameters, own, &signature, metadata, rt)?)
             }
         };
         let labels = outputs::load_labels(config, &dir.path)?;
@@ -202,6 +194,65 @@ impl Model {
         }
     }
 
+    /// A generative version (`model_transaction_policy { decoupled: true
+    /// }`): the decode loop over the folder's ONNX Runtime GenAI export on
+    /// the CPU, and the tokenizer plugin. Its tensors are those of Triton's
+    /// vLLM backend, for gRPC streaming clients.
+    ///
+    /// # Errors
+    /// As [`crate::generate::Generator::load`]; a plugin that does not load.
+    fn load_generative(
+        dir: &ModelDir,
+        version: u64,
+        config: &ModelConfig,
+        parameters: &Parameters,
+        rt: &Runtimes,
+    ) -> Result<Model, String> {
+        use crate::tensor::{DataType, TensorSpec};
+        let version_dir = dir.version_path(version);
+        let own = parameters.plugin.as_ref().ok_or("a generative model needs its tokenizer plugin ('plugin')")?;
+        let onnx = rt.frameworks.onnx()?;
+        let options = crate::backend::onnx::session_options(config, parameters.onnx, 1);
+        let generator = crate::generate::Generator::load(
+            onnx,
+            &version_dir,
+            options,
+            crate::backend::Placement::Cpu,
+            parameters.generation,
+        )
+        .map_err(|e| {
+            if version_dir.join("genai_config.json").exists() { e } else { parameters.with_missing_files_hint(e) }
+        })?;
+        let optional = |name: &str, datatype| TensorSpec { optional: true, ..TensorSpec::new(name, datatype, &[1]) };
+        let signature = Signature {
+            max_batch_size: 0,
+            inputs: vec![
+                TensorSpec::new("text_input", DataType::Bytes, &[1]),
+                optional("stream", DataType::Bool),
+                optional("sampling_parameters", DataType::Bytes),
+                optional("exclude_input_in_output", DataType::Bool),
+            ],
+            outputs: vec![TensorSpec::new("text_output", DataType::Bytes, &[-1])],
+        };
+        let plugin = model_plugin(dir, version, config, parameters, own, &signature, Vec::new(), rt)?;
+        let metrics = rt.metrics.for_model(&dir.name, version);
+        Ok(Model {
+            name: dir.name.clone(),
+            version,
+            config: config.clone(),
+            parameters: parameters.clone(),
+            signature,
+            loaded_at: SystemTime::now(),
+            engine: FreedOffThread::new(Engine::Generative(generator)),
+            metrics,
+            plugin: Some(plugin),
+            labels: HashMap::new(),
+            cache: None,
+            plugin_samples: Vec::new(),
+            device_bytes: BTreeMap::new(),
+        })
+    }
+
     /// An ensemble version: `ensemble`'s steps run its requests.
     pub fn ensemble(
         name: &str,
@@ -256,6 +307,38 @@ fn rate_limited(
             Ok(None)
         }
     }
+}
+
+/// Starts the plugin `own` names for version `version` of `dir`, which
+/// sees `signature`, the configuration's parameters and the model file's
+/// `metadata`.
+///
+/// # Errors
+/// A message naming the plugin's file when it is missing or does not load,
+/// with the model's `missing_files_hint` when it is missing.
+#[allow(clippy::too_many_arguments)]
+fn model_plugin(
+    dir: &ModelDir,
+    version: u64,
+    config: &ModelConfig,
+    parameters: &Parameters,
+    own: &crate::config::parameters::PluginParameters,
+    signature: &Signature,
+    metadata: Vec<(String, String)>,
+    rt: &Runtimes,
+) -> Result<Arc<Plugin>, String> {
+    let info = ModelInfo {
+        name: dir.name.clone(),
+        version,
+        signature: signature.clone(),
+        parameters: config.parameters.iter().map(|(k, v)| (k.clone(), v.string_value.clone())).collect(),
+        metadata,
+    };
+    let limits = rt.plugins.limits().for_model(own);
+    let metrics = rt.metrics.for_plugin(&dir.name, version);
+    let plugin = load_plugin(&rt.plugins, dir, &own.file, &dir.version_path(version), info, limits, metrics);
+    let missing = !dir.path.join(&own.file).exists();
+    plugin.map(Arc::new).map_err(|e| if missing { parameters.with_missing_files_hint(e) } else { e })
 }
 
 fn load_plugin(

@@ -80,6 +80,8 @@ enum Engine {
     Backends { instances: Vec<Arc<dyn Backend>>, batcher: Batcher },
     /// An ensemble's steps, run through other models.
     Ensemble(Ensemble),
+    /// A generative model's decode loop; the plugin is its tokenizer.
+    Generative(crate::generate::Generator),
 }
 
 /// The scheduler in front of a model's instances.
@@ -125,7 +127,16 @@ impl Model {
     pub fn steps(&self) -> Option<&Ensemble> {
         match &*self.engine {
             Engine::Ensemble(ensemble) => Some(ensemble),
-            Engine::Backends { .. } => None,
+            Engine::Backends { .. } | Engine::Generative(_) => None,
+        }
+    }
+
+    /// The decode loop and the tokenizer plugin, if this is a generative
+    /// model.
+    pub fn generative(&self) -> Option<(&crate::generate::Generator, &Arc<Plugin>)> {
+        match (&*self.engine, &self.plugin) {
+            (Engine::Generative(generator), Some(plugin)) => Some((generator, plugin)),
+            _ => None,
         }
     }
 
@@ -138,6 +149,7 @@ impl Model {
         let instances = match &*self.engine {
             Engine::Backends { instances, .. } => instances.iter().map(|i| i.resident_bytes()).sum(),
             Engine::Ensemble(_) => 0,
+            Engine::Generative(generator) => generator.resident_bytes(),
         };
         instances + self.plugin.as_ref().map_or(0, |p| p.resident_bytes())
     }
@@ -161,6 +173,7 @@ impl Model {
         match &*self.engine {
             Engine::Backends { batcher, .. } => matches!(batcher, Batcher::Sequence(_)),
             Engine::Ensemble(_) => true,
+            Engine::Generative(_) => false,
         }
     }
 
@@ -179,6 +192,7 @@ impl Model {
         match &*self.engine {
             Engine::Backends { instances, .. } => &instances[0].description().platform,
             Engine::Ensemble(_) => config::validate::ENSEMBLE_PLATFORM,
+            Engine::Generative(generator) => generator.kind().platform().unwrap_or_default(),
         }
     }
 
@@ -192,6 +206,7 @@ impl Model {
         match &*self.engine {
             Engine::Backends { instances, .. } => Some(instances[0].description().kind),
             Engine::Ensemble(_) => None,
+            Engine::Generative(generator) => Some(generator.kind()),
         }
     }
 

@@ -31,6 +31,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v2/models/{model}/versions/{version}/infer", post(routes::infer))
         .route("/v2/models/{model}/predict", post(routes::predict))
         .route("/v2/models/{model}/versions/{version}/predict", post(routes::predict))
+        .route("/v2/models/{model}/generate", post(super::generate::generate))
+        .route("/v2/models/{model}/versions/{version}/generate", post(super::generate::generate))
+        .route("/v2/models/{model}/generate_stream", post(super::generate::generate_stream))
+        .route("/v2/models/{model}/versions/{version}/generate_stream", post(super::generate::generate_stream))
         .route_layer(middleware::from_fn_with_state(service.clone(), track_inference))
         // Only inference answers are compressed, as in Triton: clients such
         // as tritonclient's aio client send `Accept-Encoding: gzip` on every
@@ -40,6 +44,8 @@ pub fn router(service: Arc<Service>) -> Router {
     // v2 inference routes; every error of the OpenAI routes in its shape.
     let openai_inference = Router::new()
         .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/completions", post(super::completions::completions))
+        .route("/v1/chat/completions", post(super::completions::chat_completions))
         .route_layer(middleware::from_fn_with_state(service.clone(), track_inference))
         .layer(middleware::map_response(openai::error_shape));
     let openai_models = Router::new()

@@ -7,8 +7,11 @@
 
 mod body;
 pub mod body_timeout;
+mod completions;
 mod error;
 mod faults;
+mod generate;
+mod generation;
 mod grpc;
 pub mod http;
 mod listeners;

@@ -57,7 +57,7 @@ pub struct OpenAiError {
 
 impl OpenAiError {
     /// A 400 about the request field `param`.
-    fn invalid(param: &'static str, message: impl Into<String>) -> OpenAiError {
+    pub(super) fn invalid(param: &'static str, message: impl Into<String>) -> OpenAiError {
         OpenAiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -68,7 +68,7 @@ impl OpenAiError {
     }
 
     /// A 404 for a model that does not exist or does not serve this API.
-    fn model_not_found(message: impl Into<String>) -> OpenAiError {
+    pub(super) fn model_not_found(message: impl Into<String>) -> OpenAiError {
         OpenAiError {
             status: StatusCode::NOT_FOUND,
             message: message.into(),
@@ -227,9 +227,10 @@ impl EmbeddingsRequest {
     }
 }
 
-/// Whether `model` opts in to the OpenAI routes.
+/// Whether `model` is listed by `/v1/models`: it serves embeddings (it
+/// opts in) or generates text.
 pub fn opts_in(model: &Model) -> bool {
-    model.parameters.openai_embeddings
+    model.parameters.openai_embeddings || model.generative().is_some()
 }
 
 /// `POST /v1/embeddings`: OpenAI's create-embeddings call, run through the
@@ -243,7 +244,7 @@ pub async fn embeddings(
     let body::Body(body) = body?;
     let request = EmbeddingsRequest::parse(&body)?;
     let accepted = service.accept(&request.model, None, &super::routes::header_of(&headers)).await?;
-    if !opts_in(accepted.model()) {
+    if !accepted.model().parameters.openai_embeddings {
         return Err(OpenAiError::model_not_found(format!(
             "model '{}' does not serve embeddings: its config.pbtxt does not set the parameter '{EMBEDDINGS_PARAMETER}' to \"true\"",
             request.model
@@ -322,7 +323,7 @@ pub async fn models(State(service): State<Arc<Service>>) -> Json<Value> {
 pub async fn model(State(service): State<Arc<Service>>, Path(name): Path<String>) -> Result<Json<Value>, OpenAiError> {
     let model = service.registry().resolve(&name, None)?;
     if !opts_in(&model) {
-        return Err(OpenAiError::model_not_found(format!("model '{name}' does not serve embeddings")));
+        return Err(OpenAiError::model_not_found(format!("model '{name}' serves neither embeddings nor text")));
     }
     Ok(Json(model_object(&model)))
 }

@@ -29,8 +29,7 @@ fn a_model_without_platform_and_onnx_file_is_named_by_what_its_folder_holds() {
 
 #[test]
 fn bound_runs_answer_as_plain_runs_and_gpus_need_the_cuda_provider() {
-    let library = std::env::var_os("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (`make test` sets it)");
-    let ort = OnnxRuntime::init(Path::new(&library)).unwrap();
+    let ort = runtime();
     let plain = ort.load(&classifier(), SessionOptions::default(), Placement::Cpu).unwrap();
     let mut bound = ort.load(&classifier(), SessionOptions::default(), Placement::Cpu).unwrap();
     bound.io_binding = true;
@@ -48,4 +47,14 @@ fn bound_runs_answer_as_plain_runs_and_gpus_need_the_cuda_provider() {
     assert!(named, "the missing library is named: {why}");
     let refused = ort.load(&classifier(), SessionOptions::default(), Placement::Gpu(0)).err().unwrap();
     assert!(refused.starts_with("cannot run on GPU 0: ") && refused.ends_with(&why), "{refused}");
+}
+
+/// ONNX Runtime from `ORT_DYLIB_PATH`, started once per test process (ONNX
+/// Runtime has one environment per process).
+pub(crate) fn runtime() -> &'static OnnxRuntime {
+    static RUNTIME: std::sync::OnceLock<OnnxRuntime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let library = std::env::var_os("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (`make test` sets it)");
+        OnnxRuntime::init(Path::new(&library)).unwrap()
+    })
 }

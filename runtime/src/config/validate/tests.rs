@@ -315,3 +315,22 @@ fn ragged_batching_is_valid_with_a_batch_dimension_and_checked_beyond_triton() {
         "{ensemble:#?}"
     );
 }
+
+#[test]
+fn a_generative_model_needs_onnx_runtime_and_its_tokenizer_and_generation_keys_need_one() {
+    let found = problems(
+        r#"platform: "pytorch_libtorch" max_batch_size: 4 model_transaction_policy { decoupled: true }
+           input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]"#,
+    );
+    for expected in
+        ["Plinth runs with ONNX Runtime", "(parameter 'plugin')", "max_batch_size 0", "text_input and text_output"]
+    {
+        assert!(found.iter().any(|f| f.contains(expected)), "missing {expected:?} in {found:#?}");
+    }
+    let plain = problems(r#"parameters { key: "generation.max_tokens" value: { string_value: "8" } }"#);
+    assert!(plain.iter().any(|f| f.contains("'generation.max_tokens' is for generative models")), "{plain:#?}");
+    let ok = r#"backend: "onnxruntime" model_transaction_policy { decoupled: true }
+        parameters { key: "plugin" value: { string_value: "t.wasm" } }
+        parameters { key: "generation.context_length" value: { string_value: "512" } }"#;
+    assert_eq!(problems(ok), Vec::<String>::new());
+}
