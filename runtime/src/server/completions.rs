@@ -52,11 +52,7 @@ impl From<FieldError> for OpenAiError {
 }
 
 fn parse(body: &[u8], route: Route) -> Result<CompletionRequest, OpenAiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| OpenAiError::invalid("body", format!("the request body is not JSON: {e}")))?;
-    let Value::Object(mut fields) = value else {
-        return Err(OpenAiError::invalid("body", "the request body must be a JSON object"));
-    };
+    let mut fields = super::openai::body_object(body)?;
     let model = match fields.remove("model") {
         Some(Value::String(model)) => model,
         _ => return Err(OpenAiError::invalid("model", "'model' is required: the name of a generative model")),

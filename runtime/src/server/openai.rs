@@ -183,11 +183,7 @@ impl EmbeddingsRequest {
     /// # Errors
     /// A 400 [`OpenAiError`] naming the field at fault.
     pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, OpenAiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| OpenAiError::invalid("body", format!("the request body is not JSON: {e}")))?;
-        let Value::Object(mut fields) = value else {
-            return Err(OpenAiError::invalid("body", "the request body must be a JSON object"));
-        };
+        let mut fields = body_object(body)?;
         let model = match fields.remove("model") {
             Some(Value::String(model)) => model,
             Some(_) => return Err(OpenAiError::invalid("model", "'model' must be a string")),
@@ -224,6 +220,19 @@ impl EmbeddingsRequest {
             return Err(OpenAiError::invalid("body", format!("unsupported field '{field}'")));
         }
         Ok(EmbeddingsRequest { model, input, encoding_format })
+    }
+}
+
+/// A request body of OpenAI's routes: a JSON object, its fields by name.
+///
+/// # Errors
+/// A 400 about `body` when it is not JSON or not an object.
+pub(super) fn body_object(body: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| OpenAiError::invalid("body", format!("the request body is not JSON: {e}")))?;
+    match value {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(OpenAiError::invalid("body", "the request body must be a JSON object")),
     }
 }
 
