@@ -117,3 +117,9 @@ pub fn statistics(s: ModelStatistics) -> pb::ModelStatistics {
             .collect(),
     }
 }
+
+/// An error answer on a `ModelStreamInfer` stream to the request `id`.
+pub fn stream_error(id: String, message: &str) -> pb::ModelStreamInferResponse {
+    let infer_response = pb::ModelInferResponse { id, ..Default::default() };
+    pb::ModelStreamInferResponse { error_message: message.to_owned(), infer_response: Some(infer_response) }
+}

@@ -6,6 +6,8 @@ use opentelemetry::KeyValue;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
+use super::generate::{self, Generation};
+use crate::drain::Hold;
 use crate::error::Error;
 use crate::lifecycle::InferCall;
 use crate::protocol::grpc::{self as codec, OutputPlace, proto as pb};
@@ -36,19 +38,35 @@ impl TraceHeaders {
     }
 }
 
+/// What a request comes to: its response, or (on a `ModelStreamInfer`
+/// stream) the generation it started on a generative model, whose
+/// responses follow.
+pub enum Outcome {
+    Response(pb::ModelInferResponse),
+    Generation(Generation),
+}
+
+/// Where a request comes from: a `ModelStreamInfer` stream (which owns the
+/// sequences it starts, and counts the request in flight until its last
+/// response), or `ModelInfer`.
+pub enum Caller {
+    Stream(Owner, Hold),
+    Unary,
+}
+
 /// [`infer`] under the request's root span when it is traced: `call` is
 /// the method it came on and the call's trace context.
 pub async fn traced_infer(
     service: &Service,
     r: pb::ModelInferRequest,
-    stream: Option<Owner>,
+    stream: Caller,
     call: (&'static str, &TraceHeaders),
-) -> Result<pb::ModelInferResponse, Status> {
+) -> Result<Outcome, Status> {
     let (method, headers) = call;
     let front = Front::Grpc(method);
     let span = service.start_trace(&r.model_name, front, headers.traceparent.as_deref(), headers.tracestate.as_deref());
     let Some(span) = span else { return infer(service, r, stream, None, headers).await };
-    let outcome = |result: &Result<pb::ModelInferResponse, Status>| {
+    let outcome = |result: &Result<Outcome, Status>| {
         let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         // OpenTelemetry's gRPC conventions: the codes that fail a server span.
         use tonic::Code as C;
@@ -62,20 +80,35 @@ pub async fn traced_infer(
     span.run_root(front, infer(service, r, stream, Some(span.clone()), headers), outcome).await
 }
 
-/// Runs one `ModelInferRequest` through the service core; `stream` is the
-/// `ModelStreamInfer` call it came on, if any (it owns the sequences it
-/// starts); `trace` its root span, when it is traced; `headers` the call's
-/// metadata.
+/// Runs one `ModelInferRequest` through the service core; `caller` says
+/// where it came from; `trace` is its root span, when it is traced;
+/// `headers` the call's metadata. A generative model's request starts its
+/// generation on a stream and is refused on `ModelInfer` (as Triton refuses
+/// a decoupled model there).
 async fn infer(
     service: &Service,
     r: pb::ModelInferRequest,
-    stream: Option<Owner>,
+    caller: Caller,
     trace: Option<Span>,
     headers: &TraceHeaders,
-) -> Result<pb::ModelInferResponse, Status> {
+) -> Result<Outcome, Status> {
     let header = |key: &str| headers.metadata.get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let named = version(&r.model_version)?;
     let accepted = service.accept(&r.model_name, named, &header).await?;
+    // A stream's request stays counted in flight until it is answered.
+    let (stream, _counted) = match caller {
+        Caller::Stream(_, counted) if accepted.model().generative().is_some() => {
+            return Ok(Outcome::Generation(generate::start(service, accepted, r, counted).await?));
+        }
+        Caller::Unary if accepted.model().generative().is_some() => {
+            return Err(Status::invalid_argument(format!(
+                "ModelInfer does not serve model '{}': it is decoupled (generative); use ModelStreamInfer",
+                r.model_name
+            )));
+        }
+        Caller::Stream(owner, counted) => (Some(owner), Some(counted)),
+        Caller::Unary => (None, None),
+    };
     let (parameters, inputs, raw, outputs) = (r.parameters, r.inputs, r.raw_input_contents, r.outputs);
     let id = (!r.id.is_empty()).then(|| r.id.clone());
     let inferred = accepted
@@ -96,5 +129,5 @@ async fn infer(
             Ok((t, place))
         })
         .collect::<Result<Vec<_>, Error>>()?;
-    Ok(codec::encode((&m.name, m.version), r.id, sequence.as_ref(), outputs))
+    Ok(Outcome::Response(codec::encode((&m.name, m.version), r.id, sequence.as_ref(), outputs)))
 }

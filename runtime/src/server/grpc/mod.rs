@@ -6,6 +6,7 @@
 //! the layers over every gRPC service ([`layers`]).
 
 pub mod codec;
+mod generate;
 pub mod infer;
 pub mod layers;
 pub mod service;

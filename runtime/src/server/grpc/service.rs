@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::codec;
-use super::infer::{TraceHeaders, traced_infer, version};
+use super::infer::{Caller, Outcome, TraceHeaders, traced_infer, version};
 use super::stream::{STREAM_BUFFER, serve_stream};
 use crate::protocol::grpc::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::protocol::grpc::{proto as pb, repository_parameters};
@@ -68,7 +68,10 @@ impl GrpcInferenceService for Grpc {
         if let Some(id) = model_id {
             r.model_name = id;
         }
-        Ok(Response::new(traced_infer(&self.service, r, None, ("ModelInfer", &headers)).await?))
+        match traced_infer(&self.service, r, Caller::Unary, ("ModelInfer", &headers)).await? {
+            Outcome::Response(response) => Ok(Response::new(response)),
+            Outcome::Generation(_) => unreachable!("ModelInfer refuses generative models"),
+        }
     }
 
     type ModelStreamInferStream = ReceiverStream<Result<pb::ModelStreamInferResponse, Status>>;

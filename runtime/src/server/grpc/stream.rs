@@ -10,7 +10,8 @@ use futures_util::stream::FuturesOrdered;
 use tokio::sync::oneshot::error::TryRecvError;
 use tonic::{Status, Streaming};
 
-use super::infer::{TraceHeaders, traced_infer, version};
+use super::generate::{self, Generation};
+use super::infer::{Caller, Outcome, TraceHeaders, traced_infer, version};
 use super::layers;
 use crate::protocol::grpc::{self as codec, proto as pb};
 use crate::protocol::request;
@@ -33,7 +34,9 @@ type StreamSequence = (String, String, CorrelationId);
 /// another, each after the one before was answered. The requests still
 /// running are dropped (their queued requests taken out, which cancels
 /// their sequences) when the client cancels or stops reading; when the
-/// stream ends, the sequences it opened and left open end.
+/// stream ends, the sequences it opened and left open end. A request to a
+/// generative model answers with a stream of its own ([`generate`]):
+/// its responses go out as its text is generated, between the others'.
 pub async fn serve_stream(
     service: Arc<Service>,
     mut requests: Streaming<pb::ModelInferRequest>,
@@ -48,8 +51,10 @@ pub async fn serve_stream(
     let mut sequences: HashMap<StreamSequence, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
     // The sequences the stream sent requests of and did not see end.
     let mut opened: HashSet<StreamSequence> = HashSet::new();
+    // The generations started, each sending its own responses.
+    let mut generating = tokio::task::JoinSet::new();
     let mut reading = true;
-    while reading || !running.is_empty() {
+    while reading || !running.is_empty() || !generating.is_empty() {
         tokio::select! {
             next = requests.message(), if reading => match next {
                 Ok(Some(request)) => {
@@ -87,7 +92,15 @@ pub async fn serve_stream(
                 // The client cancelled the call or the connection broke.
                 Err(_) => break,
             },
+            Some(_) = generating.join_next(), if !generating.is_empty() => {},
             Some((answer, sequence)) = running.next() => {
+                let answer = match answer {
+                    StreamAnswer::Response(answer) => answer,
+                    StreamAnswer::Generation(g) => {
+                        generating.spawn(generate::respond(g, answers.clone()));
+                        continue;
+                    }
+                };
                 let succeeded = answer.error_message.is_empty();
                 let sent = answers.send(Ok(answer)).await;
                 // The sequence's next request may run now that this answer
@@ -105,8 +118,10 @@ pub async fn serve_stream(
             () = answers.closed() => break,
         }
     }
-    // Requests still running are cancelled, and with them their sequences.
+    // Requests still running are cancelled, and with them their sequences
+    // and generations.
     drop(running);
+    generating.abort_all();
     for (model, version_field, id) in opened {
         // Never loads: a model that is not resident holds no sequences. A
         // sequence that ended, or that another client opened since under
@@ -117,26 +132,34 @@ pub async fn serve_stream(
     }
 }
 
+/// What a request on the stream comes to: one answer, or a generation that
+/// sends its own.
+enum StreamAnswer {
+    Response(pb::ModelStreamInferResponse),
+    Generation(Generation),
+}
+
 /// The stream's answer to one request: its response, or its error with its
-/// id, as Triton answers on the stream. `owner` is the stream.
+/// id, as Triton answers on the stream, or a generation. `owner` is the
+/// stream.
 async fn stream_answer(
     service: &Service,
     request: pb::ModelInferRequest,
     owner: Owner,
     headers: &TraceHeaders,
-) -> pb::ModelStreamInferResponse {
+) -> StreamAnswer {
     let id = request.id.clone();
     let answer = match service.begin_inference() {
-        Ok(_counted) => traced_infer(service, request, Some(owner), ("ModelStreamInfer", headers)).await,
+        Ok(counted) => {
+            traced_infer(service, request, Caller::Stream(owner, counted), ("ModelStreamInfer", headers)).await
+        }
         Err(e) => Err(e.into()),
     };
-    match answer {
-        Ok(response) => pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
-        Err(status) => stream_error(id, status.message()),
-    }
-}
-
-fn stream_error(id: String, message: &str) -> pb::ModelStreamInferResponse {
-    let infer_response = pb::ModelInferResponse { id, ..Default::default() };
-    pb::ModelStreamInferResponse { error_message: message.to_owned(), infer_response: Some(infer_response) }
+    StreamAnswer::Response(match answer {
+        Ok(Outcome::Response(response)) => {
+            pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) }
+        }
+        Ok(Outcome::Generation(g)) => return StreamAnswer::Generation(g),
+        Err(status) => super::codec::stream_error(id, status.message()),
+    })
 }
