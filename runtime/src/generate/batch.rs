@@ -21,14 +21,15 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::decoder::Decoder;
 use super::sampling::Sampler;
-use super::{Event, FinishReason, Job, Stats};
+use super::{Event, FinishReason, Job};
+use crate::metrics::{GenerationMetrics, SequenceOutcome};
 
 /// What the loop and the requests share.
 pub(super) struct Shared {
     pub(super) waiting: Mutex<VecDeque<Job>>,
     pub(super) wake: Condvar,
     pub(super) stop: AtomicBool,
-    pub(super) stats: Arc<Stats>,
+    pub(super) metrics: GenerationMetrics,
 }
 
 /// A sequence in a slot.
@@ -44,7 +45,10 @@ struct Sequence {
     stop_ids: Vec<u32>,
     sampler: Sampler,
     events: UnboundedSender<Event>,
+    /// When it arrived (queued).
     started: Instant,
+    /// When its last token was chosen.
+    last_token: Option<Instant>,
 }
 
 impl Sequence {
@@ -56,20 +60,37 @@ impl Sequence {
 
 /// Runs the loop until `shared.stop` is set.
 pub(super) fn run(mut decoder: Decoder, slots: usize, chunk: usize, shared: Arc<Shared>) {
+    let metrics = &shared.metrics;
     let mut running: Vec<Sequence> = Vec::new();
     loop {
         if !admit(&shared, &mut running, slots) {
             return;
         }
-        running.retain(|s| !s.events.is_closed());
-        if let Err(e) = step(&mut decoder, &mut running, chunk) {
+        if let Err(e) = step(&mut decoder, &mut running, chunk, metrics) {
             tracing::error!(error = %e, "a decoder step failed; its sequences end with the error");
             for s in running.drain(..) {
+                metrics.ended(SequenceOutcome::Error);
                 let _ = s.events.send(Event::Failed(e.clone()));
             }
         }
-        shared.stats.set_running(running.len());
+        let filled: usize = running.iter().map(|s| s.filled + s.generated).sum();
+        metrics.set_running(running.len(), filled as f64 / (slots * decoder.context()) as f64);
     }
+}
+
+/// Drops the sequences that ended or whose client left (counted as
+/// aborted), which frees their slots.
+fn leave(running: &mut Vec<Sequence>, metrics: &GenerationMetrics) {
+    running.retain(|s| {
+        if s.max_tokens == 0 {
+            return false;
+        }
+        let left = s.events.is_closed();
+        if left {
+            metrics.ended(SequenceOutcome::Abort);
+        }
+        !left
+    });
 }
 
 /// Moves waiting jobs into free slots; blocks while there is nothing to
@@ -80,7 +101,13 @@ fn admit(shared: &Shared, running: &mut Vec<Sequence>, slots: usize) -> bool {
         if shared.stop.load(Ordering::Acquire) {
             return false;
         }
-        waiting.retain(|job| !job.events.is_closed());
+        waiting.retain(|job| {
+            let left = job.events.is_closed();
+            if left {
+                shared.metrics.ended(SequenceOutcome::Abort);
+            }
+            !left
+        });
         while running.len() < slots {
             let Some(job) = waiting.pop_front() else { break };
             let slot = (0..slots).find(|s| running.iter().all(|r| r.slot != *s)).expect("a free slot");
@@ -96,28 +123,35 @@ fn admit(shared: &Shared, running: &mut Vec<Sequence>, slots: usize) -> bool {
                 sampler,
                 events: job.events,
                 started: job.queued,
+                last_token: None,
             });
         }
-        shared.stats.set_waiting(waiting.len());
+        shared.metrics.set_waiting(waiting.len());
         if !running.is_empty() {
             return true;
         }
-        shared.stats.set_running(0);
+        shared.metrics.set_running(0, 0.0);
         shared.wake.wait(&mut waiting);
     }
 }
 
 /// One iteration: a prefill chunk, then a decode step.
-fn step(decoder: &mut Decoder, running: &mut Vec<Sequence>, chunk: usize) -> Result<(), String> {
+fn step(
+    decoder: &mut Decoder,
+    running: &mut Vec<Sequence>,
+    chunk: usize,
+    metrics: &GenerationMetrics,
+) -> Result<(), String> {
+    leave(running, metrics);
     if let Some(s) = running.iter_mut().filter(|s| s.filled < s.prompt.len()).min_by_key(|s| s.started) {
         let end = (s.filled + chunk).min(s.prompt.len());
         let mut logits = decoder.run(s.slot, &s.prompt[s.filled..end], &[end])?;
         s.filled = end;
         if end == s.prompt.len() {
-            choose(s, &mut logits[0], decoder.context());
+            choose(s, &mut logits[0], decoder.context(), metrics);
         }
     }
-    running.retain(|s| !finished(s));
+    leave(running, metrics);
     let generating: Vec<usize> = (0..running.len()).filter(|&i| running[i].next.is_some()).collect();
     let Some(rows) = generating.iter().map(|&i| running[i].slot + 1).max() else { return Ok(()) };
     let mut ids = vec![0u32; rows];
@@ -132,34 +166,43 @@ fn step(decoder: &mut Decoder, running: &mut Vec<Sequence>, chunk: usize) -> Res
     let mut logits = decoder.run(0, &ids, &ends)?;
     for &i in &generating {
         let s = &mut running[i];
-        choose(s, &mut logits[s.slot], decoder.context());
+        choose(s, &mut logits[s.slot], decoder.context(), metrics);
     }
-    running.retain(|s| !finished(s));
+    leave(running, metrics);
     Ok(())
 }
 
 /// Picks sequence `s`'s next token from `logits` and sends it, or its end.
-fn choose(s: &mut Sequence, logits: &mut [f32], context: usize) {
+fn choose(s: &mut Sequence, logits: &mut [f32], context: usize, metrics: &GenerationMetrics) {
     let choice = s.sampler.pick(logits);
     let token = choice.token;
-    if s.stop_ids.contains(&token) {
-        let _ = s.events.send(Event::Finished(FinishReason::Stop));
-        s.next = None;
-        s.max_tokens = 0;
+    let now = Instant::now();
+    let stop = s.stop_ids.contains(&token);
+    let previous = s.last_token.replace(now);
+    if previous.is_none() {
+        metrics.first_token(s.prompt.len(), now - s.started);
+    }
+    if stop {
+        end(s, FinishReason::Stop, metrics);
         return;
     }
+    metrics.token(previous.map(|last| now - last));
     s.generated += 1;
     let _ = s.events.send(Event::Token(choice));
     if s.generated >= s.max_tokens || s.position() >= context {
-        let _ = s.events.send(Event::Finished(FinishReason::Length));
-        s.next = None;
-        s.max_tokens = 0;
+        end(s, FinishReason::Length, metrics);
         return;
     }
     s.next = Some(token);
 }
 
-/// Whether `s` has ended (sent its end, or its client left).
-fn finished(s: &Sequence) -> bool {
-    s.max_tokens == 0 || s.events.is_closed()
+/// Sends `s` its end; it leaves its slot at the next [`leave`].
+fn end(s: &mut Sequence, reason: FinishReason, metrics: &GenerationMetrics) {
+    let _ = s.events.send(Event::Finished(reason));
+    metrics.ended(match reason {
+        FinishReason::Stop => SequenceOutcome::Stop,
+        FinishReason::Length => SequenceOutcome::Length,
+    });
+    s.next = None;
+    s.max_tokens = 0;
 }

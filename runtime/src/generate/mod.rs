@@ -16,7 +16,7 @@ pub mod text;
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -26,6 +26,7 @@ use crate::backend::onnx::{OnnxRuntime, SessionOptions};
 use crate::backend::{BackendKind, Placement};
 use crate::config::parameters::GenerationParameters;
 use crate::error::{Error, Overload};
+use crate::metrics::GenerationMetrics;
 pub use sampling::{Choice, Sampling};
 
 /// Why a sequence ended (OpenAI's `finish_reason`).
@@ -78,23 +79,6 @@ struct Job {
     queued: Instant,
 }
 
-/// The loop's figures as they stand now.
-#[derive(Debug, Default)]
-pub struct Stats {
-    running: AtomicUsize,
-    waiting: AtomicUsize,
-}
-
-impl Stats {
-    fn set_running(&self, n: usize) {
-        self.running.store(n, Ordering::Relaxed);
-    }
-
-    fn set_waiting(&self, n: usize) {
-        self.waiting.store(n, Ordering::Relaxed);
-    }
-}
-
 /// A loaded generative model's decode loop.
 pub struct Generator {
     shared: Arc<batch::Shared>,
@@ -114,7 +98,8 @@ impl std::fmt::Debug for Generator {
 impl Generator {
     /// Loads the export in `version_dir` (`genai_config.json` and the ONNX
     /// file it names) on `placement` and starts its loop with a KV cache of
-    /// `limits.max_sequences` × `limits.context_length` tokens.
+    /// `limits.max_sequences` × `limits.context_length` tokens, recording
+    /// its figures in `metrics`.
     ///
     /// # Errors
     /// A message when the folder has no export, `generation.context_length`
@@ -125,6 +110,7 @@ impl Generator {
         options: SessionOptions,
         placement: Placement,
         limits: GenerationParameters,
+        metrics: GenerationMetrics,
     ) -> Result<Generator, String> {
         let (file, dims) = decoder::read_config(version_dir)?;
         if limits.context_length > dims.context_length {
@@ -141,7 +127,7 @@ impl Generator {
             waiting: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
-            stats: Arc::default(),
+            metrics,
         });
         let (slots, chunk, loop_shared) = (limits.max_sequences, limits.prefill_chunk, shared.clone());
         let thread = std::thread::Builder::new()
@@ -159,6 +145,11 @@ impl Generator {
     /// The model's `generation.*` limits.
     pub fn limits(&self) -> &GenerationParameters {
         &self.limits
+    }
+
+    /// Its figures: sequences running and waiting, the cache's use.
+    pub fn metrics(&self) -> &GenerationMetrics {
+        &self.shared.metrics
     }
 
     /// Host memory it holds, in bytes: the weights (the ONNX file and its
@@ -196,7 +187,7 @@ impl Generator {
         }
         let GenerationRequest { prompt, max_tokens, sampling, stop_ids } = request;
         waiting.push_back(Job { prompt, max_tokens, sampling, stop_ids, events, queued: Instant::now() });
-        self.shared.stats.set_waiting(waiting.len());
+        self.shared.metrics.set_waiting(waiting.len());
         self.shared.wake.notify_one();
         Ok(receiver)
     }

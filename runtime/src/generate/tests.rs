@@ -19,7 +19,8 @@ fn generator(limits: GenerationParameters) -> Generator {
     let ort = crate::backend::onnx::tests::runtime();
     let options = SessionOptions { intra_op_threads: 2, intra_op_spinning: false, ..SessionOptions::default() };
     let (dir, _) = smollm2();
-    Generator::load(ort, &dir, options, Placement::Cpu, limits).unwrap()
+    let metrics = crate::metrics::Metrics::new().for_generation("smollm2", 1);
+    Generator::load(ort, &dir, options, Placement::Cpu, limits, metrics).unwrap()
 }
 
 /// Greedy ids of `case`, at most `tokens` of them, and why it ended.

@@ -6,8 +6,8 @@
 //!
 //! Every family is registered here, in one group per concern, and every
 //! value is recorded through the handles this module gives out
-//! ([`ModelMetrics`], [`PluginMetrics`], [`ResidencyMetrics`],
-//! [`RepositoryMetrics`]).
+//! ([`ModelMetrics`], [`PluginMetrics`], [`GenerationMetrics`],
+//! [`ResidencyMetrics`], [`RepositoryMetrics`]).
 //!
 //! A model version's series live as long as a handle of that version does:
 //! once the last [`ModelMetrics`] or [`PluginMetrics`] of a version is
@@ -18,6 +18,7 @@
 //! every scrape longer.
 
 mod connections;
+mod generation;
 mod gpu;
 mod model;
 mod plugin;
@@ -35,8 +36,10 @@ use prometheus::core::Collector;
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
 pub use connections::{ConnectionMetrics, Listener, OpenConnection, SlowClient};
+pub use generation::{GenerationMetrics, SequenceOutcome};
 pub use model::{
-    BatchStats, Compute, FailureReason, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics, SequenceEnd, Total,
+    BatchStats, Compute, FailureReason, GenerationCounts, InferenceStats, LiveCounts, ModelMetrics, ModelStatistics,
+    SequenceEnd, Total,
 };
 pub use plugin::{PluginMetrics, PluginStage};
 pub use repository::RepositoryMetrics;
@@ -75,6 +78,7 @@ struct Versions {
     load_seconds: GaugeVec,
     inference: model::Families,
     plugins: plugin::Families,
+    generation: generation::Families,
     /// The handles ([`Lease`]s) of each (model, version) now.
     leases: Mutex<HashMap<[String; 2], usize>>,
 }
@@ -105,6 +109,7 @@ impl Versions {
         let _ = self.load_seconds.remove_label_values(&labels);
         self.inference.remove(&labels);
         self.plugins.remove(&labels);
+        self.generation.remove(&labels);
     }
 }
 
@@ -146,6 +151,7 @@ impl Metrics {
             load_seconds: register(&registry, load_seconds),
             inference: model::Families::register(&registry),
             plugins: plugin::Families::register(&registry),
+            generation: generation::Families::register(&registry),
             leases: Mutex::default(),
         };
         Metrics {
@@ -173,6 +179,14 @@ impl Metrics {
     pub fn for_plugin(&self, model: &str, version: u64) -> PluginMetrics {
         let lease = self.versions.lease(model, version);
         self.versions.plugins.for_model(model, version, lease)
+    }
+
+    /// The generation metrics of version `version` of generative model
+    /// `model`. The version's series stay until the last handle of it is
+    /// dropped.
+    pub fn for_generation(&self, model: &str, version: u64) -> GenerationMetrics {
+        let lease = self.versions.lease(model, version);
+        self.versions.generation.for_model(model, version, lease)
     }
 
     /// Records how long a version's load took (`nv_model_load_duration_secs`),

@@ -395,6 +395,7 @@ impl ModelMetrics {
                 .sum(),
             pending: s.pending.get(),
             latency: buckets.iter().map(|b| (b.upper_bound(), b.cumulative_count())).collect(),
+            generation: None,
         }
     }
 
@@ -453,6 +454,21 @@ pub struct LiveCounts {
     /// `plinth_inference_request_duration_seconds`: each bucket's upper
     /// bound in seconds and its cumulative count, in order.
     pub latency: Vec<(f64, u64)>,
+    /// A generative model's figures; `None` for any other.
+    pub generation: Option<GenerationCounts>,
+}
+
+/// A generative model's figures the status page shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GenerationCounts {
+    /// Tokens generated (`plinth_generation_completion_tokens_total`).
+    pub tokens: u64,
+    /// Sequences in KV cache slots now.
+    pub running: i64,
+    /// Sequences queued for a slot now.
+    pub waiting: i64,
+    /// Share of the KV cache filled now (0 to 1).
+    pub cache_usage: f64,
 }
 
 /// A count and the nanoseconds it took, as the statistics extension reports.

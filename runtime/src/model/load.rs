@@ -219,6 +219,7 @@ impl Model {
             options,
             crate::backend::Placement::Cpu,
             parameters.generation,
+            rt.metrics.for_generation(&dir.name, version),
         )
         .map_err(|e| {
             if version_dir.join("genai_config.json").exists() { e } else { parameters.with_missing_files_hint(e) }

@@ -251,7 +251,8 @@ impl Model {
 
     /// The model's counters as they stand now (the status page's source).
     pub fn live_counts(&self) -> crate::metrics::LiveCounts {
-        self.metrics.live()
+        let generation = self.generative().map(|(generator, _)| generator.metrics().counts());
+        crate::metrics::LiveCounts { generation, ..self.metrics.live() }
     }
 
     /// The model's inference statistics (Triton's statistics extension).

@@ -2,7 +2,9 @@
 //! browser wants to see. Every model version with its state, reason,
 //! platform and resident bytes; per version the request and failure rates
 //! and p50 / p99 latency over the last minute, and the queue depth now; the
-//! residency budget; each rollout's phase, step, candidate share and the
+//! residency budget; per generative model version its tokens per second
+//! over the last minute, its sequences running and waiting and its KV
+//! cache's use now; each rollout's phase, step, candidate share and the
 //! figures its rules judge; in explicit mode, buttons that load and unload
 //! models through the repository API.
 //!
@@ -31,7 +33,7 @@ use super::Service;
 use super::restrictions::Api;
 use crate::lifecycle::ControlMode;
 use crate::lifecycle::RolloutStatus;
-use crate::metrics::LiveCounts;
+use crate::metrics::{GenerationCounts, LiveCounts};
 use crate::registry::RepositoryState;
 use crate::residency::human;
 
@@ -98,6 +100,36 @@ struct Row {
     queue: String,
 }
 
+/// One generative model version on the page: its decode loop's figures.
+struct GenerationRow {
+    name: String,
+    version: u64,
+    tokens_per_second: String,
+    running: i64,
+    waiting: i64,
+    cache_percent: String,
+}
+
+impl GenerationRow {
+    /// `now`'s figures, with the token rate since `before`, `seconds` ago.
+    fn of(key: &(String, u64), now: &GenerationCounts, before: Option<&LiveCounts>, seconds: f64) -> GenerationRow {
+        let earlier = before.and_then(|b| b.generation).map_or(0, |g| g.tokens);
+        let rate = if seconds >= 1.0 {
+            format!("{:.1}", now.tokens.saturating_sub(earlier) as f64 / seconds)
+        } else {
+            "—".to_owned()
+        };
+        GenerationRow {
+            name: key.0.clone(),
+            version: key.1,
+            tokens_per_second: rate,
+            running: now.running,
+            waiting: now.waiting,
+            cache_percent: format!("{:.1}", now.cache_usage * 100.0),
+        }
+    }
+}
+
 /// One model's rollout on the page, every figure already formatted.
 struct RolloutRow {
     model: String,
@@ -159,6 +191,7 @@ struct Page {
     explicit: bool,
     window_s: u64,
     rows: Vec<Row>,
+    generation: Vec<GenerationRow>,
     rollouts: Vec<RolloutRow>,
     resident: String,
     budget: String,
@@ -229,6 +262,15 @@ fn build(service: &Service, shown: Shown, hidden: Vec<String>) -> Page {
             }
         })
         .collect();
+    let mut generation: Vec<GenerationRow> = if shown.statistics && shown.repository {
+        let of = |(key, c): (&(String, u64), &LiveCounts)| {
+            Some(GenerationRow::of(key, c.generation.as_ref()?, before.get(key), seconds))
+        };
+        now.iter().filter_map(of).collect()
+    } else {
+        Vec::new()
+    };
+    generation.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
     let budget = service.lifecycle.limits().budget.bytes;
     let rollouts = if shown.repository { service.lifecycle.rollouts() } else { Vec::new() };
     Page {
@@ -240,6 +282,7 @@ fn build(service: &Service, shown: Shown, hidden: Vec<String>) -> Page {
         explicit: service.lifecycle.mode() == ControlMode::Explicit,
         window_s: seconds.round() as u64,
         rows,
+        generation,
         rollouts: rollouts.iter().map(RolloutRow::of).collect(),
         resident: human(total),
         budget: budget.map_or_else(|| "no --model-memory-budget".to_owned(), human),
@@ -276,7 +319,7 @@ mod tests {
     use super::*;
 
     fn counts(success: u64, latency: &[(f64, u64)]) -> LiveCounts {
-        LiveCounts { success, failure: 0, pending: 0, latency: latency.to_vec() }
+        LiveCounts { success, failure: 0, pending: 0, latency: latency.to_vec(), generation: None }
     }
 
     #[test]
