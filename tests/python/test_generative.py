@@ -8,15 +8,19 @@ and among others arriving at random times."""
 
 import concurrent.futures
 import json
+import queue
 import random
+import re
 import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 
-from conftest import ROOT, Plinth
+from conftest import ROOT, Plinth, metric, series_value, wait_until
 
 EXPORT = ROOT / ".cache/smollm2"
 REFERENCE = json.loads((EXPORT / "reference.json").read_text())
@@ -45,6 +49,20 @@ def server(tmp_path_factory):
         parameters {{ key: "generation.context_length" value: {{ string_value: "{CONTEXT}" }} }}
         parameters {{ key: "generation.max_sequences" value: {{ string_value: "8" }} }}
         parameters {{ key: "generation.prefill_chunk" value: {{ string_value: "16" }} }}
+    """)
+    # The same network behind the test plugin that traps on request
+    # (plugins/faulty), int4 to load and run faster.
+    faulty = repository / "faulty_llm"
+    (faulty / "1").mkdir(parents=True)
+    for file in (EXPORT / "int4").iterdir():
+        if file.name.startswith("model.onnx") or file.name == "genai_config.json":
+            (faulty / "1" / file.name).symlink_to(file)
+    (faulty / "faulty.wasm").write_bytes((ROOT / "plugins/target/wasm32-wasip2/release/faulty.wasm").read_bytes())
+    (faulty / "config.pbtxt").write_text("""
+        backend: "onnxruntime"
+        model_transaction_policy { decoupled: true }
+        parameters { key: "plugin" value: { string_value: "faulty.wasm" } }
+        parameters { key: "generation.context_length" value: { string_value: "128" } }
     """)
     server = Plinth(repository)
     yield server
@@ -129,6 +147,61 @@ def test_triton_generate_and_generate_stream_answer_the_same_text(server):
     assert json.loads(excluded)["text_output"] == whole
 
 
+def vllm_inputs(prompt, stream, sampling, exclude_input=False):
+    """A request in the tensor interface of Triton's vLLM backend, as
+    tritonclient's LLM examples build it."""
+    values = {"text_input": np.array([prompt.encode()], dtype=np.object_),
+              "stream": np.array([stream], dtype=bool),
+              "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=np.object_),
+              "exclude_input_in_output": np.array([exclude_input], dtype=bool)}
+    inputs = []
+    for name, value in values.items():
+        tensor = grpcclient.InferInput(name, [1], "BYTES" if value.dtype == np.object_ else "BOOL")
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+def test_tritonclient_streams_over_grpc_with_the_vllm_tensor_interface(server):
+    case, other = CASES[0], CASES[1]
+    sampling = {"temperature": 0, "max_tokens": 16}
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.async_stream_infer("smollm2_fp32", vllm_inputs(case["prompt"], True, sampling), request_id="streamed",
+                              outputs=[grpcclient.InferRequestedOutput("text_output")],
+                              enable_empty_final_response=True)
+    client.async_stream_infer("smollm2_fp32", vllm_inputs(other["prompt"], False, sampling), request_id="whole")
+    client.async_stream_infer("smollm2_fp32", vllm_inputs("Hi", True, {"max_tokens": 4, "beam_width": 2}),
+                              request_id="bad")
+    pieces, whole, errors, finished = [], None, [], set()
+    while len(finished) < 3:
+        result, error = answers.get(timeout=120)  # a hang guard, not a wait
+        if error is not None:
+            errors.append(str(error))
+            finished.add("bad")
+            continue
+        response = result.get_response()
+        last = response.parameters["triton_final_response"].bool_param
+        text = result.as_numpy("text_output")
+        if response.id == "streamed":
+            assert text is not None or last
+            pieces += [] if text is None else [text[0].decode()]
+        else:
+            assert response.id == "whole" and last and text.shape == (1,)
+            whole = text[0].decode()
+        if last:
+            finished.add(response.id)
+    client.stop_stream()
+    client.close()
+    assert len(pieces) > 5 and case["text"].startswith("".join(pieces)) and len("".join(pieces)) > 10
+    assert whole.startswith(other["prompt"]) and other["text"].startswith(whole[len(other["prompt"]):])
+    assert len(errors) == 1 and "'beam_width'" in errors[0], errors
+    unary = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(Exception, match="decoupled"):
+        unary.infer("smollm2_fp32", vllm_inputs("Hi", False, {}))
+
+
 def test_a_seeded_sample_repeats_and_another_seed_differs(client):
     def sample(seed):
         return client.completions.create(model="smollm2_fp32", prompt="Once upon a time", temperature=1.0, top_p=0.95,
@@ -169,6 +242,11 @@ def test_bad_requests_get_a_clear_error_naming_the_problem(server, client):
 
 
 def test_clients_that_leave_mid_stream_free_their_slots(server, client):
+    def ended(reason):
+        series = f'plinth_generation_requests_total{{finish_reason="{reason}",model="smollm2_fp32",version="1"}}'
+        return series_value(server, series, default=0)
+
+    aborted = ended("abort")
     for _ in range(8 + 2):  # more than the slots: a slot held after its client left would stall the rest
         stream = client.completions.create(model="smollm2_fp32", prompt="Count: 1, 2, 3,", temperature=0,
                                            max_tokens=400, stream=True)
@@ -176,3 +254,41 @@ def test_clients_that_leave_mid_stream_free_their_slots(server, client):
         stream.close()
     answer = client.completions.create(model="smollm2_fp32", prompt=CASES[0]["prompt"], temperature=0, max_tokens=8)
     assert CASES[0]["text"].startswith(answer.choices[0].text)
+    wait_until("the ten streams that left are counted as aborted", lambda: ended("abort") >= aborted + 10)
+    wait_until("no sequence holds a slot", lambda: metric(server, "plinth_generation_requests_running", "smollm2_fp32") == 0)
+    assert ended("length") >= 1
+    assert metric(server, "plinth_generation_kv_cache_usage_ratio", "smollm2_fp32") == 0
+    assert metric(server, "plinth_generation_prompt_tokens_total", "smollm2_fp32") > 10 * 8
+    assert metric(server, "plinth_generation_completion_tokens_total", "smollm2_fp32") >= 10 + 8
+    assert metric(server, "plinth_generation_time_to_first_token_seconds_count", "smollm2_fp32") >= 11
+    assert metric(server, "plinth_generation_time_per_output_token_seconds_count", "smollm2_fp32") >= 7
+
+
+def test_the_status_page_shows_the_decode_loops_figures(server):
+    page = urllib.request.urlopen(f"http://{server.url}/", timeout=60).read().decode()
+    table = page[page.index('<table id="generation">'):]
+    row = table[table.index('<tr data-model="smollm2_fp32" data-version="1">'):]
+    cells = re.findall(r'<td class="num (\w+)">([^<]*)</td>', row[:row.index("</tr>")])
+    assert [name for name, _ in cells] == ["tokens", "running", "waiting", "cache"], cells
+    assert dict(cells)["running"] == "0" and dict(cells)["cache"] == "0.0", cells
+
+
+def stream_events(server, model, prompt, max_tokens):
+    """The events of a greedy generate_stream, each a JSON object."""
+    body = {"text_input": prompt, "parameters": {"temperature": 0, "max_tokens": max_tokens}}
+    status, events = post(server, f"/v2/models/{model}/generate_stream", body)
+    assert status == 200, events
+    return [json.loads(line[len("data: "):]) for line in events.splitlines() if line.startswith("data: ")]
+
+
+def test_a_plugin_that_traps_mid_stream_ends_that_stream_with_an_error_and_the_rest_go_on(server):
+    prompts = ["alpha", "beta", "gamma"]
+    alone = {p: stream_events(server, "faulty_llm", p, 24) for p in prompts}
+    assert all(len(events) == 24 and "error" not in events[-1] for events in alone.values()), alone
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        others = {p: pool.submit(stream_events, server, "faulty_llm", p, 24) for p in prompts}
+        trapped = stream_events(server, "faulty_llm", "trap", 24)
+        assert {p: f.result() for p, f in others.items()} == alone
+    assert "error" in trapped[-1] and "trap" in trapped[-1]["error"], trapped
+    assert len(trapped) > 1 and all("text_output" in event for event in trapped[:-1]), trapped
+    assert metric(server, "plinth_plugin_traps_total", "faulty_llm") >= 1

@@ -13,11 +13,25 @@
 //! `self-infer` runs its own model once more through the host and answers
 //! with those outputs.
 //!
+//! As a generative model's plugin (for SmolLM2) it encodes a prompt's
+//! bytes as token ids (each byte plus [`BYTE_IDS`]) and decodes an id as
+//! `<ID>`; the prompt `trap` is "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's
+//! ids, which the model goes on counting, and decoding a window that holds
+//! the digit 9 ([`TRAP_ID`]) panics: a trap a few tokens into that stream.
+//!
 //! With the parameter `faulty.init_wait: "NAME"`, `init` returns only once
 //! the file NAME exists in the model version folder, so a test holds a
 //! load in LOADING until it creates the file.
 
-use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Request, Response, Tensor, export_plugin};
+use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Prompt, Request, Response, Tensor, export_plugin};
+
+/// Where the ids of a prompt's bytes start.
+const BYTE_IDS: u32 = 1000;
+/// "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's token ids.
+const COUNT: [u32; 23] =
+    [9825, 42, 216, 33, 28, 216, 34, 28, 216, 35, 28, 216, 36, 28, 216, 37, 28, 216, 38, 28, 216, 39, 28];
+/// The digit 9 in SmolLM2's ids: decoding it traps.
+const TRAP_ID: u32 = 41;
 
 struct Faulty {
     info: ModelInfo,
@@ -70,6 +84,25 @@ impl Plugin for Faulty {
         };
         let outputs: Result<Vec<_>, Error> = outputs.iter().map(Tensor::to_json).collect();
         Ok(Response::json(&serde_json::json!({ "outputs": outputs? })))
+    }
+
+    fn encode(&mut self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        match prompt {
+            Prompt::Text(text) if text == "trap" => Ok(COUNT.to_vec()),
+            Prompt::Text(text) => Ok(text.bytes().map(|b| BYTE_IDS + u32::from(b)).collect()),
+            Prompt::Chat(_) => Err(Error::bad_input("this test plugin encodes text prompts only")),
+        }
+    }
+
+    fn decode(&mut self, ids: &[u32]) -> Result<String, Error> {
+        if ids.contains(&TRAP_ID) {
+            panic!("deliberate trap in the middle of a stream");
+        }
+        Ok(ids.iter().map(|id| format!("<{id}>")).collect())
+    }
+
+    fn stop_token_ids(&self) -> Vec<u32> {
+        Vec::new()
     }
 }
 
