@@ -35,7 +35,7 @@ serve:
 	$(SERVE)
 endif
 
-# All nine example models: the PyTorch exports too (about 5 GB downloaded once).
+# All eleven example models: the PyTorch exports too (about 5 GB downloaded once).
 serve-all:
 	$(call serve_after,models)
 	$(SERVE)
@@ -83,6 +83,7 @@ bench: setup-test
 	.venv/bin/python bench/rollout.py
 	.venv/bin/python bench/vad_stream.py
 	.venv/bin/python bench/text_embeddings.py
+	.venv/bin/python bench/generate.py
 	cargo run --release --locked -p plinth-bench --bin batching
 	cargo run --release --locked -p plinth-bench --bin plugins_native
 	cargo run --release --locked -p plinth-bench --bin tracing
