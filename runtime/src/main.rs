@@ -46,8 +46,10 @@ fn main() -> ExitCode {
             runtime.shutdown_background();
             finish(result)
         }
-        Command::Plugin(PluginCommand::New { name, path, sdk }) => {
-            finish(plinth::plugin::scaffold::new_crate(&name, &path, sdk.as_deref()).map(|dir| {
+        Command::Plugin(PluginCommand::New { name, path, sdk, generation }) => {
+            use plinth::plugin::scaffold::{Kind, new_crate};
+            let kind = if generation { Kind::Generation } else { Kind::Handler };
+            finish(new_crate(&name, &path, sdk.as_deref(), kind).map(|dir| {
                 println!("created {}; build it with: cd {} && cargo build --release", dir.display(), dir.display());
             }))
         }

@@ -1,5 +1,6 @@
 //! The plugin author's path through the real binary: `plinth plugin new`
-//! makes a crate that builds as is, `plinth plugin check` names the
+//! makes a crate that builds as is (a request handler, or with
+//! `--generation` a generative model's tokenizer that serves SmolLM2), `plinth plugin check` names the
 //! contract version of it and of the prebuilt 0.1 fixture, and the new
 //! plugin serves a model; so does a plugin written in Python
 //! (`plugins/python-doubler`, built by componentize-py).
@@ -28,17 +29,17 @@ fn serve_doubler(wasm: &Path) -> (tempfile::TempDir, Server) {
     (repo, server)
 }
 
-#[test]
-fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
-    let work = tempfile::tempdir().unwrap();
-    let parent = work.path().to_str().unwrap();
-    let (ok, text) = plinth(&["plugin", "new", "doubler-io", "--path", parent]);
+/// Runs `plinth plugin new NAME` with `flags` in `work` and builds the
+/// crate; returns its `.wasm`.
+fn new_plugin(work: &Path, name: &str, flags: &[&str]) -> std::path::PathBuf {
+    let parent = work.to_str().unwrap();
+    let (ok, text) = plinth(&[&["plugin", "new", name, "--path", parent], flags].concat());
     assert!(ok, "{text}");
     // The plugins' lockfile pins what it builds (cargo keeps its versions
     // and only adds the new crate), and their target folder already holds
     // the SDK's dependencies: nothing is resolved anew or downloaded.
     let target = root().join("plugins/target");
-    let crate_dir = work.path().join("doubler-io");
+    let crate_dir = work.join(name);
     std::fs::copy(root().join("plugins/Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
     let status = Command::new("cargo")
         .args(["build", "--release", "--quiet", "--offline"])
@@ -47,7 +48,13 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
         .status()
         .unwrap();
     assert!(status.success(), "the new crate does not build");
-    let wasm = target.join("wasm32-wasip2/release/doubler_io.wasm");
+    target.join(format!("wasm32-wasip2/release/{}.wasm", name.replace('-', "_")))
+}
+
+#[test]
+fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
+    let work = tempfile::tempdir().unwrap();
+    let wasm = new_plugin(work.path(), "doubler-io", &[]);
     let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
     assert!(ok && text.contains("built against plinth:plugin@0.4.0; this host runs it"), "{text}");
 
@@ -57,6 +64,51 @@ fn a_new_plugin_crate_builds_as_is_and_serves_a_model() {
     assert_eq!(body["outputs"][0]["data"], json!([2.0, 4.0, 6.0, 8.0]), "{body}");
     let (status, body) = server.post_json("/v2/models/doubler/predict", &json!({ "data": "four" }));
     assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn a_new_generation_plugin_crate_builds_as_is_and_serves_an_llm_as_transformers_writes() {
+    let work = tempfile::tempdir().unwrap();
+    let wasm = new_plugin(work.path(), "my-llm", &["--generation"]);
+    let (ok, text) = plinth(&["plugin", "check", wasm.to_str().unwrap()]);
+    assert!(ok && text.contains("built against plinth:plugin@0.4.0"), "{text}");
+    // SmolLM2's fp32 export behind the new plugin: the weights linked, the
+    // files the sandboxed plugin reads copied into its version folder.
+    let export = root().join(".cache/smollm2");
+    let repo = tempfile::tempdir().unwrap();
+    let version = repo.path().join("llm/1");
+    std::fs::create_dir_all(&version).unwrap();
+    for file in std::fs::read_dir(export.join("fp32")).unwrap() {
+        let file = file.unwrap().path();
+        let to = version.join(file.file_name().unwrap());
+        if file.file_name().unwrap().to_str().unwrap().starts_with("model.onnx") {
+            std::os::unix::fs::symlink(&file, &to).unwrap();
+        } else {
+            std::fs::copy(&file, &to).unwrap();
+        }
+    }
+    std::fs::copy(&wasm, repo.path().join("llm/my_llm.wasm")).unwrap();
+    let config = r#"backend: "onnxruntime" model_transaction_policy { decoupled: true }
+        parameters { key: "plugin" value: { string_value: "my_llm.wasm" } }
+        parameters { key: "generation.context_length" value: { string_value: "256" } }"#;
+    std::fs::write(repo.path().join("llm/config.pbtxt"), config).unwrap();
+    let server = Server::start(repo.path(), &[]);
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(export.join("reference.json")).unwrap()).unwrap();
+    for kind in ["completion", "chat"] {
+        let case = reference["cases"].as_array().unwrap().iter().find(|c| c["kind"] == kind).unwrap();
+        let (route, prompt) = match kind {
+            "chat" => ("/v1/chat/completions", json!({ "messages": case["prompt"] })),
+            _ => ("/v1/completions", json!({ "prompt": case["prompt"] })),
+        };
+        let mut body = json!({ "model": "llm", "temperature": 0, "max_tokens": 8 });
+        body.as_object_mut().unwrap().extend(prompt.as_object().unwrap().clone());
+        let (status, answer) = server.post_json(route, &body);
+        assert_eq!(status, 200, "{answer}");
+        let choice = &answer["choices"][0];
+        let text = choice["text"].as_str().or(choice["message"]["content"].as_str()).unwrap();
+        assert!(text.len() > 4 && case["text"].as_str().unwrap().starts_with(text), "{kind}: {text:?} vs {case}");
+    }
 }
 
 #[test]

@@ -76,6 +76,10 @@ pub enum PluginCommand {
         /// Plinth's plugin-sdk folder (default: the bundle's share/plinth/plugin-sdk, else the checkout the binary was built from).
         #[arg(long)]
         sdk: Option<PathBuf>,
+        /// A generative model's plugin (prompts and chats to token ids, ids to
+        /// text, with tokenizers and minijinja) instead of a request handler.
+        #[arg(long)]
+        generation: bool,
     },
     /// Say which plinth:plugin version FILE.wasm was built against and
     /// whether this server can run it; exits non-zero if it cannot.

@@ -21,16 +21,27 @@ pub fn default_sdk() -> PathBuf {
     bundled_sdk().unwrap_or_else(|| PathBuf::from(BUILT_SDK))
 }
 
+/// What a new plugin does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The `handler` export: a request's body into input tensors, the
+    /// outputs into the answer (it feeds a JSON body's numbers to the model).
+    Handler,
+    /// The `generation` export of a generative model: prompts and chats to
+    /// token ids, generated ids to text (with `tokenizers` and `minijinja`).
+    Generation,
+}
+
 /// Creates the crate folder `parent/name`: `Cargo.toml`, `.cargo/config.toml`
-/// (target `wasm32-wasip2`) and a `src/lib.rs` plugin that feeds a JSON
-/// body's numbers to the model. `sdk` is the `plugin-sdk` folder (default:
-/// [`default_sdk`]). Returns the crate's folder.
+/// (target `wasm32-wasip2`) and a `src/lib.rs` plugin of `kind`. `sdk` is
+/// the `plugin-sdk` folder (default: [`default_sdk`]). Returns the crate's
+/// folder.
 ///
 /// # Errors
 /// A message when `name` is not a crate name (lower-case letters, digits,
 /// `-`, `_`, starting with a letter), the folder already exists, the SDK is
 /// not found, or a file cannot be written.
-pub fn new_crate(name: &str, parent: &Path, sdk: Option<&Path>) -> Result<PathBuf, String> {
+pub fn new_crate(name: &str, parent: &Path, sdk: Option<&Path>, kind: Kind) -> Result<PathBuf, String> {
     let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid {
@@ -60,10 +71,16 @@ pub fn new_crate(name: &str, parent: &Path, sdk: Option<&Path>) -> Result<PathBu
             .replace("{type_name}", &type_name)
             .replace("{sdk}", &sdk.display().to_string())
     };
+    let (manifest, lib) = match kind {
+        Kind::Handler => (include_str!("template/Cargo.toml.tmpl"), include_str!("template/lib.rs.tmpl")),
+        Kind::Generation => {
+            (include_str!("template/generation/Cargo.toml.tmpl"), include_str!("template/generation/lib.rs.tmpl"))
+        }
+    };
     let files = [
-        ("Cargo.toml", fill(include_str!("template/Cargo.toml.tmpl"))),
+        ("Cargo.toml", fill(manifest)),
         (".cargo/config.toml", fill(include_str!("template/config.toml.tmpl"))),
-        ("src/lib.rs", fill(include_str!("template/lib.rs.tmpl"))),
+        ("src/lib.rs", fill(lib)),
     ];
     for (file, text) in files {
         let path = dir.join(file);
@@ -82,13 +99,17 @@ mod tests {
     #[test]
     fn a_crate_is_written_with_its_names_filled_in_and_bad_names_are_refused() {
         let parent = tempfile::tempdir().unwrap();
-        let dir = new_crate("my-tokenizer", parent.path(), None).unwrap();
+        let dir = new_crate("my-tokenizer", parent.path(), None, Kind::Handler).unwrap();
         let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
         assert!(lib.contains("struct MyTokenizer") && lib.contains("export_plugin!(MyTokenizer)"));
         assert!(lib.contains("release/my_tokenizer.wasm"));
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         assert!(manifest.contains("name = \"my-tokenizer\"") && manifest.contains("plugin-sdk\" }"));
-        assert!(new_crate("my-tokenizer", parent.path(), None).unwrap_err().contains("already exists"));
-        assert!(new_crate("Bad Name", parent.path(), None).unwrap_err().contains("not a crate name"));
+        assert!(new_crate("my-tokenizer", parent.path(), None, Kind::Handler).unwrap_err().contains("already exists"));
+        assert!(new_crate("Bad Name", parent.path(), None, Kind::Handler).unwrap_err().contains("not a crate name"));
+        let dir = new_crate("my-llm", parent.path(), None, Kind::Generation).unwrap();
+        let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
+        assert!(lib.contains("impl Plugin for MyLlm") && lib.contains("fn encode") && lib.contains("fn decode"));
+        assert!(std::fs::read_to_string(dir.join("Cargo.toml")).unwrap().contains("tokenizers"));
     }
 }
