@@ -62,6 +62,7 @@ def server(tmp_path_factory):
         backend: "onnxruntime"
         model_transaction_policy { decoupled: true }
         parameters { key: "plugin" value: { string_value: "faulty.wasm" } }
+        parameters { key: "faulty.generation" value: { string_value: "true" } }
         parameters { key: "generation.context_length" value: { string_value: "128" } }
     """)
     server = Plinth(repository)

@@ -13,7 +13,9 @@
 //! `self-infer` runs its own model once more through the host and answers
 //! with those outputs.
 //!
-//! As a generative model's plugin (for SmolLM2) it encodes a prompt's
+//! As a generative model's plugin (for SmolLM2; only where the model sets
+//! the parameter `faulty.generation: "true"`, else it refuses to tokenize
+//! as a plugin that does not generate does) it encodes a prompt's
 //! bytes as token ids (each byte plus [`BYTE_IDS`]) and decodes an id as
 //! `<ID>`; the prompt `trap` is "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's
 //! ids, which the model goes on counting, and decoding a window that holds
@@ -87,6 +89,11 @@ impl Plugin for Faulty {
     }
 
     fn encode(&mut self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        if self.info.parameter("faulty.generation") != Some("true") {
+            return Err(Error::bad_input(
+                "this plugin does not tokenize prompts unless its model sets faulty.generation",
+            ));
+        }
         match prompt {
             Prompt::Text(text) if text == "trap" => Ok(COUNT.to_vec()),
             Prompt::Text(text) => Ok(text.bytes().map(|b| BYTE_IDS + u32::from(b)).collect()),
