@@ -13,27 +13,11 @@
 //! `self-infer` runs its own model once more through the host and answers
 //! with those outputs.
 //!
-//! As a generative model's plugin (for SmolLM2; only where the model sets
-//! the parameter `faulty.generation: "true"`, else it refuses to tokenize
-//! as a plugin that does not generate does) it encodes a prompt's
-//! bytes as token ids (each byte plus [`BYTE_IDS`]) and decodes an id as
-//! `<ID>`; the prompt `trap` is "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's
-//! ids, which the model goes on counting, and decoding a window that holds
-//! the digit 9 ([`TRAP_ID`]) panics: a trap a few tokens into that stream.
-//!
 //! With the parameter `faulty.init_wait: "NAME"`, `init` returns only once
 //! the file NAME exists in the model version folder, so a test holds a
 //! load in LOADING until it creates the file.
 
 use plinth_plugin_sdk::{Error, ModelInfo, Plugin, Prompt, Request, Response, Tensor, export_plugin};
-
-/// Where the ids of a prompt's bytes start.
-const BYTE_IDS: u32 = 1000;
-/// "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's token ids.
-const COUNT: [u32; 23] =
-    [9825, 42, 216, 33, 28, 216, 34, 28, 216, 35, 28, 216, 36, 28, 216, 37, 28, 216, 38, 28, 216, 39, 28];
-/// The digit 9 in SmolLM2's ids: decoding it traps.
-const TRAP_ID: u32 = 41;
 
 struct Faulty {
     info: ModelInfo,
@@ -147,5 +131,23 @@ fn sandbox_report() -> serde_json::Value {
         "tcp_connect": ok(std::net::TcpStream::connect("127.0.0.1:80").map(drop)),
     })
 }
+
+// The generation export, kept below the request handler so that the
+// panic of `trap` keeps the line the tests name.
+// As a generative model's plugin (for SmolLM2; only where the model sets
+// the parameter `faulty.generation: "true"`, else it refuses to tokenize
+// as a plugin that does not generate does) it encodes a prompt's
+// bytes as token ids (each byte plus `BYTE_IDS`) and decodes an id as
+// `<ID>`; the prompt `trap` is "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's
+// ids, which the model goes on counting, and decoding a window that holds
+// the digit 9 (`TRAP_ID`) panics: a trap a few tokens into that stream.
+
+/// Where the ids of a prompt's bytes start.
+const BYTE_IDS: u32 = 1000;
+/// "Count: 1, 2, 3, 4, 5, 6, 7," in SmolLM2's token ids.
+const COUNT: [u32; 23] =
+    [9825, 42, 216, 33, 28, 216, 34, 28, 216, 35, 28, 216, 36, 28, 216, 37, 28, 216, 38, 28, 216, 39, 28];
+/// The digit 9 in SmolLM2's ids: decoding it traps.
+const TRAP_ID: u32 = 41;
 
 export_plugin!(Faulty);
