@@ -94,14 +94,7 @@ def ort_genai(int4, prompts, max_tokens, rounds):
         texts.append([i % len(prompts), text])
     report("ONNX Runtime GenAI (in-process)", 1, time.perf_counter() - start, requests, texts)
 
-    batch(batch_of(prompts, 0), 4)  # warm
-    requests, texts = [], []
-    start = time.perf_counter()
-    for r in range(rounds):
-        answered, generated = batch(batch_of(prompts, r), max_tokens)
-        requests += answered
-        texts += [[(r * BATCH + i) % len(prompts), text] for i, text in enumerate(generated)]
-    report("ONNX Runtime GenAI (in-process)", BATCH, time.perf_counter() - start, requests, texts)
+    batches("ONNX Runtime GenAI (in-process)", batch, prompts, max_tokens, rounds)
 
 
 def hf_transformers(hf, prompts, max_tokens, rounds):
@@ -145,14 +138,21 @@ def hf_transformers(hf, prompts, max_tokens, rounds):
         texts.append([i % len(prompts), generated[0]])
     report("transformers fp32 (in-process)", 1, time.perf_counter() - start, requests, texts)
 
-    generate(batch_of(prompts, 0), 4)  # warm
+    batches("transformers fp32 (in-process)", generate, prompts, max_tokens, rounds)
+
+
+def batches(name, run, prompts, max_tokens, rounds):
+    """`rounds` static batches of BATCH prompts through `run(prompts,
+    max_tokens) -> (requests, texts)`, after a short warm-up batch; reported
+    as `name`'s batch row."""
+    run(batch_of(prompts, 0), 4)  # warm
     requests, texts = [], []
     start = time.perf_counter()
     for r in range(rounds):
-        answered, generated = generate(batch_of(prompts, r), max_tokens)
+        answered, generated = run(batch_of(prompts, r), max_tokens)
         requests += answered
         texts += [[(r * BATCH + i) % len(prompts), text] for i, text in enumerate(generated)]
-    report("transformers fp32 (in-process)", BATCH, time.perf_counter() - start, requests, texts)
+    report(name, BATCH, time.perf_counter() - start, requests, texts)
 
 
 def main(int4, hf, prompts, max_tokens, rounds):
